@@ -1,0 +1,1 @@
+"""nactuator.sim"""
