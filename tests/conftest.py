@@ -1,0 +1,32 @@
+"""Shared test fixtures: where the real data lives, and a project-local Warp kernel cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Real data sits beside the project (../shared), never inside it.
+SHARED = Path(os.environ.get("NACTUATOR_SHARED", ROOT.parent / "shared"))
+os.environ.setdefault("WARP_CACHE_PATH", str(ROOT / ".cache" / "warp"))
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not SHARED.exists():
+        pytest.fail(f"shared data folder {SHARED} is missing (set NACTUATOR_SHARED)")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def nad_dir(shared_dir: Path) -> Path:
+    return shared_dir / "data" / "nad"
+
+
+@pytest.fixture(scope="session")
+def bam_dir(shared_dir: Path) -> Path:
+    return shared_dir / "data" / "bam"
