@@ -1,0 +1,153 @@
+"""Data-room throughput: windows and rollout segments served by NADDataModule.
+
+Measures, in one run, on the real NAD subset (OMX + SO-101, imported to a temp folder) and
+on a larger synthetic OMX dataset:
+
+* 9-frame windows/s from ``NADDataModule.window_batch`` (force-only training path) vs a
+  naive map-style ``torch.utils.data.Dataset`` + default collate (per-sample Python);
+* rollout segments/s (T = 8 + H + 1 frames) from ``train_dataloader`` vs the same naive
+  per-sample baseline;
+* NAD import throughput (frames/s).
+
+Run:  WARP_CACHE_PATH=.cache/warp .venv/bin/python bench/data.py [--seconds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data import Dataset as TorchDataset
+
+from nactuator.data import DatasetWriter, read_dataset
+from nactuator.data.datamodule import NADDataModule
+from nactuator.data.importers import import_nad
+from nactuator.platforms import load_platform
+
+KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "force", "payload_mass")
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "nad"
+
+
+class NaiveSegments(TorchDataset):
+    """The obvious per-sample implementation: slice each episode, zero-pad, collate."""
+
+    def __init__(self, root: Path, history: int, horizon: int) -> None:
+        ds = read_dataset(root)
+        self.episodes = [e.frames for e in ds.episodes if e.split == "train"]
+        self.history, self.horizon = history, horizon
+        self.index = [(i, s) for i, f in enumerate(self.episodes)
+                      for s in range(len(f["q"]) - horizon)]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
+        i, s = self.index[k]
+        frames = self.episodes[i]
+        lo, hi = s - self.history, s + self.horizon + 1
+        out = {}
+        for key in KEYS:
+            x = np.nan_to_num(frames[key][max(lo, 0):hi])
+            if lo < 0:
+                x = np.concatenate([np.zeros((-lo, *x.shape[1:]), x.dtype), x])
+            out[key] = torch.from_numpy(x)
+        out["pad"] = torch.arange(lo, hi) < 0
+        return out
+
+
+def cycling(loader: DataLoader):
+    """Batch sizes from ``loader`` forever, one persistent iterator per pass (fair to both)."""
+
+    def next_size() -> int:
+        nonlocal it
+        try:
+            return len(next(it)["q"])
+        except StopIteration:
+            it = iter(loader)
+            return len(next(it)["q"])
+
+    it = iter(loader)
+    return next_size
+
+
+def rate(fn, seconds: float) -> float:
+    """Items per second of ``fn()`` (which returns how many items it produced)."""
+    fn()  # warm-up
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        done += fn()
+    return done / (time.perf_counter() - t0)
+
+
+def synthetic_omx(root: Path, episodes: int, frames: int) -> None:
+    p = load_platform("omx")
+    rng = np.random.default_rng(0)
+    with DatasetWriter(root, p, p.fps) as w:
+        for e in range(episodes):
+            f = {k: rng.normal(size=(frames, p.n)) for k in
+                 ("q_cmd", "q", "qd", "effort", "voltage", "temperature")}
+            w.add_episode(f, "synthetic", "train" if e % 10 < 8 else "validation")
+
+
+def bench(label: str, root: Path, platform: str, seconds: float) -> list[str]:
+    rows = []
+    dm = NADDataModule(root, platform, history=8, horizon=128, batch_size=256)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dm.setup()
+    n_windows = len(dm.windows("train")["q"])
+    rng = np.random.default_rng(0)
+
+    def fast_windows() -> int:
+        dm.window_batch("train", rng.integers(0, n_windows, 256))
+        return 256
+
+    naive_w = NaiveSegments(root, history=8, horizon=0)
+    naive_windows = cycling(DataLoader(naive_w, batch_size=256, shuffle=True,
+                                       generator=torch.Generator().manual_seed(0)))
+    fw, nw = rate(fast_windows, seconds), rate(naive_windows, seconds)
+    rows.append(f"| {label} | 9-frame windows, batch 256 | {fw:,.0f} /s | {nw:,.0f} /s | "
+                f"{fw / nw:.0f}x |")
+
+    dm16 = NADDataModule(root, platform, history=8, horizon=128, batch_size=16)
+    fast_segments = cycling(dm16.train_dataloader())
+    naive_s = NaiveSegments(root, history=8, horizon=128)
+    naive_segments = cycling(DataLoader(naive_s, batch_size=16, shuffle=True,
+                                        generator=torch.Generator().manual_seed(0)))
+    fs, ns = rate(fast_segments, seconds), rate(naive_segments, seconds)
+    rows.append(f"| {label} | rollout segments H=128 (137 frames), batch 16 | {fs:,.0f} /s | "
+                f"{ns:,.0f} /s | {fs / ns:.0f}x |")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=2.0, help="time per measurement")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    rows = ["| data | what | NADDataModule | naive per-sample Dataset + collate | ratio |",
+            "|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        t0 = time.perf_counter()
+        import_nad(SHARED / "omx", tmp / "omx")
+        import_nad(SHARED / "so101", tmp / "so101")
+        dt = time.perf_counter() - t0
+        frames = sum(len(read_dataset(tmp / d).frames["q"]) for d in ("omx", "so101"))
+        print(f"import_nad: {frames} frames in {dt:.2f} s = {frames / dt:,.0f} frames/s")
+        synthetic_omx(tmp / "synth", episodes=400, frames=600)
+        rows += bench("NAD OMX subset (18 ep)", tmp / "omx", "omx", args.seconds)
+        rows += bench("NAD SO-101 subset (9 ep)", tmp / "so101", "so101", args.seconds)
+        rows += bench("synthetic OMX (400 ep x 600)", tmp / "synth", "omx", args.seconds)
+    print(f"torch threads: {torch.get_num_threads()}")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""CPU inference speed of the actuator model: eager PyTorch vs. optimised runtimes.
+
+Batch-1 latency (p50/p95, ms) and batch-32/256 throughput (windows/s) on ONE CPU thread
+for: eager PyTorch (inference mode), TorchScript (traced, frozen, optimize_for_inference),
+torch.compile (inductor) and ONNX Runtime, each where it works here. The paths are timed
+in interleaved rounds so that load from other processes hits them alike; ratios are
+against eager measured in the same run.
+
+    WARP_CACHE_PATH=.cache/warp .venv/bin/python bench/infer.py            # transformer
+    .venv/bin/python bench/infer.py --arch gru --rounds 5 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from nactuator.export import ExportableActuator, ort_session, to_onnx
+from nactuator.export.formats import export_metadata
+from nactuator.models import NeuralActuator, count_parameters
+
+CHANNELS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
+Runner = Callable[[tuple[torch.Tensor, ...]], object]
+
+
+def make_actuator(arch: str, n_motors: int) -> NeuralActuator:
+    torch.manual_seed(0)
+    stats = {k: {"mean": [0.0] * n_motors, "std": [1.0] * n_motors} for k in CHANNELS}
+    return NeuralActuator(["command", "state", "telemetry", "error"], n_motors, stats,
+                          {"arch": arch}).eval()
+
+
+def make_inputs(graph: ExportableActuator, batch: int) -> tuple[torch.Tensor, ...]:
+    return graph.example_inputs(batch=batch)
+
+
+def eager_runner(graph: ExportableActuator) -> Runner:
+    def run(inputs):
+        with torch.inference_mode():
+            return graph(*inputs)
+    return run
+
+
+def torchscript_runner(graph: ExportableActuator) -> Runner:
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit is deprecated in 2.13
+        traced = torch.jit.trace(graph, make_inputs(graph, 2), check_trace=False)
+        module = torch.jit.optimize_for_inference(torch.jit.freeze(traced))
+
+    def run(inputs):
+        with torch.inference_mode():
+            return module(*inputs)
+    return run
+
+
+def compile_runner(graph: ExportableActuator) -> Runner:
+    compiled = torch.compile(graph, dynamic=False)
+
+    def run(inputs):
+        with torch.inference_mode():
+            return compiled(*inputs)
+    return run
+
+
+def onnx_runner(graph: ExportableActuator) -> Runner:
+    folder = Path(tempfile.mkdtemp(prefix="nactuator-bench-"))
+    path = folder / "actuator.onnx"
+    to_onnx(graph.actuator, path, export_metadata(graph.actuator, {}))
+    session = ort_session(path, threads=1)
+    names = [i.name for i in session.get_inputs()]
+
+    def run(inputs):
+        return session.run(None, {n: x.numpy() for n, x in zip(names, inputs, strict=True)})
+    return run
+
+
+PATHS: dict[str, Callable[[ExportableActuator], Runner]] = {
+    "eager": eager_runner,
+    "torchscript (frozen + optimize_for_inference)": torchscript_runner,
+    "torch.compile (inductor)": compile_runner,
+    "onnxruntime (1 thread)": onnx_runner,
+}
+
+
+def check_outputs(run: Runner, reference: Runner, inputs: tuple[torch.Tensor, ...]) -> float:
+    got, expected = run(inputs), reference(inputs)
+    return max(float((torch.as_tensor(g) - e).abs().max()) for g, e in zip(got, expected,
+                                                                           strict=True))
+
+
+def time_calls(run: Runner, inputs: tuple[torch.Tensor, ...], calls: int) -> list[float]:
+    """Seconds per call, one sample per call."""
+    samples = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        run(inputs)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def flops_per_window(graph: ExportableActuator) -> float:
+    inputs = make_inputs(graph, 1)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        graph(*inputs)
+    return float(counter.get_total_flops())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default="transformer",
+                        choices=["transformer", "mlp", "gru", "lstm"])
+    parser.add_argument("--motors", type=int, default=5, help="5 = OMX layout, 6 = SO-101")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
+    parser.add_argument("--latency-calls", type=int, default=300, help="batch-1 calls/round")
+    parser.add_argument("--throughput-calls", type=int, default=20, help="calls/round/batch")
+    parser.add_argument("--batches", type=int, nargs="+", default=[32, 256])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    actuator = make_actuator(args.arch, args.motors)
+    graph = ExportableActuator(actuator).eval()
+    eager = eager_runner(graph)
+
+    runners: dict[str, Runner] = {}
+    notes: dict[str, str] = {}
+    probe = make_inputs(graph, 3)
+    for name, build in PATHS.items():
+        try:
+            run = build(graph)
+            error = check_outputs(run, eager, probe)
+            # a fresh batch size too: a runtime specialised to one shape must still be right
+            error = max(error, check_outputs(run, eager, make_inputs(graph, 1)))
+        except Exception as err:  # a missing compiler or package: report it, go on
+            notes[name] = f"unavailable: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
+            continue
+        runners[name] = run
+        notes[name] = f"max |out - eager| = {error:.1e}"
+
+    latency: dict[str, list[float]] = {n: [] for n in runners}
+    throughput: dict[str, dict[int, list[float]]] = {n: {b: [] for b in args.batches}
+                                                     for n in runners}
+    single = make_inputs(graph, 1)
+    batched = {b: make_inputs(graph, b) for b in args.batches}
+    for name, run in runners.items():  # warm-up (compilation, allocator, caches)
+        time_calls(run, single, 50)
+        for b in args.batches:
+            time_calls(run, batched[b], 3)
+    for _ in range(args.rounds):
+        for name, run in runners.items():
+            latency[name] += time_calls(run, single, args.latency_calls)
+            for b in args.batches:
+                seconds = sum(time_calls(run, batched[b], args.throughput_calls))
+                throughput[name][b].append(b * args.throughput_calls / seconds)
+
+    params = count_parameters(actuator)
+    mflops = flops_per_window(graph) / 1e6
+    base_p50 = percentile(latency["eager"], 0.5)
+    base_tp = {b: statistics.median(throughput["eager"][b]) for b in args.batches}
+    print(f"## {args.arch}: {params:,} parameters, {mflops:.2f} MFLOPs per window "
+          f"(n_motors={args.motors}, L={actuator.history}), {args.threads} thread(s), "
+          f"torch {torch.__version__}, {platform.processor() or platform.machine()}\n")
+    header = ["path", "b=1 p50 ms", "b=1 p95 ms", "p50 speed-up"]
+    header += [f"b={b} windows/s" for b in args.batches] + [f"b={b} vs eager"
+                                                            for b in args.batches]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    figures = {"arch": args.arch, "parameters": params, "mflops": mflops, "paths": {}}
+    for name in runners:
+        p50, p95 = percentile(latency[name], 0.5), percentile(latency[name], 0.95)
+        tps = {b: statistics.median(throughput[name][b]) for b in args.batches}
+        row = [name, f"{p50 * 1e3:.3f}", f"{p95 * 1e3:.3f}", f"{base_p50 / p50:.2f}x"]
+        row += [f"{tps[b]:,.0f}" for b in args.batches]
+        row += [f"{tps[b] / base_tp[b]:.2f}x" for b in args.batches]
+        print("| " + " | ".join(row) + " |")
+        figures["paths"][name] = {"p50_ms": p50 * 1e3, "p95_ms": p95 * 1e3,
+                                  "throughput": tps}
+    print()
+    for name, note in notes.items():
+        print(f"- {name}: {note}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({**figures, "notes": notes}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

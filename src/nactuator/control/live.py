@@ -1,0 +1,207 @@
+"""Live virtual force sensor: telemetry in, force / contact gate / motor condition out.
+
+A causal loop at the platform rate. Each cycle reads one telemetry frame, runs the trained
+actuator on the last L (= 9) frames, re-sends the hold command, and streams one CSV row
+with the per-cycle timing (read / infer / write / total ms) — the figures bench/live.py
+summarises. The arm is not moved: every cycle commands the goal each servo held when the
+loop started, and torque is left as it was (a passive arm still gives forces from its
+telemetry; a holding arm gives the paper's setting).
+
+Window rules: before L frames exist the window is padded with the first frame (``warm`` is
+0 on those rows); a motor whose telemetry was not read this cycle keeps its last valid
+values *in the model input only* (the row says ``valid = 0``).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import torch
+
+from nactuator.hardware.bus import TelemetryBus, TelemetryFrame, open_bus
+from nactuator.hardware.timing import sleep_until
+from nactuator.models import load_actuator
+from nactuator.platforms import Platform, load_platform
+
+__all__ = ["CausalWindow", "LiveLoop", "run_live", "summarize_timings"]
+
+
+class CausalWindow:
+    """The last L frames of the actuator's input channels, as ready-to-use tensors."""
+
+    def __init__(self, keys: list[str], history: int, n: int, device: str = "cpu") -> None:
+        self.keys, self.L, self.n = list(keys), history, n
+        self.buf = {k: np.zeros((history, n), dtype=np.float32) for k in self.keys}
+        self.last_valid = {k: np.full(n, np.nan, dtype=np.float32) for k in self.keys}
+        self.count = 0
+        self.device = torch.device(device)
+        self._tensors = {k: torch.zeros((1, history, n), dtype=torch.float32,
+                                        device=self.device) for k in self.keys}
+
+    def push(self, values: dict[str, np.ndarray], valid: np.ndarray) -> None:
+        for k in self.keys:
+            v = np.asarray(values[k], dtype=np.float32)
+            lv = self.last_valid[k]
+            # A motor not read this cycle: carry its last reading (or, if it never had
+            # one, 0 — the normalised mean would be better, but 0 keeps the rule simple).
+            lv[:] = np.where(valid & np.isfinite(v), v, lv)
+            row = np.nan_to_num(lv, nan=0.0)
+            if self.count == 0:
+                self.buf[k][:] = row  # pad the window with the first frame
+            else:
+                self.buf[k][:-1] = self.buf[k][1:]
+                self.buf[k][-1] = row
+        self.count += 1
+
+    @property
+    def warm(self) -> bool:
+        return self.count >= self.L
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        for k in self.keys:
+            self._tensors[k].copy_(torch.from_numpy(self.buf[k])[None])
+        return self._tensors
+
+
+class LiveLoop:
+    """One bus + one actuator; :meth:`cycle` does read -> infer -> write once."""
+
+    def __init__(self, actuator: torch.nn.Module, bus: TelemetryBus, platform: Platform,
+                 q_hold: np.ndarray, device: str = "cpu") -> None:
+        self.actuator, self.bus, self.platform = actuator, bus, platform
+        self.q_cmd = np.asarray(q_hold, dtype=float)
+        self.window = CausalWindow(actuator.inputs, actuator.history, platform.n, device)
+        names = platform.channel_names
+        self.columns = (["t", "fx", "fy", "fz", "gate"] + [f"condition_{c}" for c in names]
+                        + ["valid", "warm", "read_ms", "infer_ms", "write_ms", "total_ms",
+                           "late_ms"])
+
+    def cycle(self, scheduled: float) -> dict[str, float]:
+        t0 = time.perf_counter()
+        frame: TelemetryFrame = self.bus.read()
+        t1 = time.perf_counter()
+        values = {"q_cmd": self.q_cmd, "q": frame.q, "qd": frame.qd, "effort": frame.effort,
+                  "voltage": frame.voltage, "temperature": frame.temperature}
+        self.window.push(values, frame.valid)
+        with torch.inference_mode():
+            out = self.actuator(self.window.tensors())
+        force = out["force"][0].cpu().numpy()
+        gate = float(out["gate"][0, 0])
+        condition = out["condition"][0].cpu().numpy()
+        t2 = time.perf_counter()
+        self.bus.write_goal(self.q_cmd)
+        t3 = time.perf_counter()
+        row = {"t": frame.t, "fx": float(force[0]), "fy": float(force[1]),
+               "fz": float(force[2]), "gate": gate}
+        row.update({f"condition_{c}": float(v)
+                    for c, v in zip(self.platform.channel_names, condition, strict=True)})
+        row.update(valid=int(frame.valid.all()), warm=int(self.window.warm),
+                   read_ms=1e3 * (t1 - t0), infer_ms=1e3 * (t2 - t1),
+                   write_ms=1e3 * (t3 - t2), total_ms=1e3 * (t3 - t0),
+                   late_ms=1e3 * (t0 - scheduled))
+        return row
+
+    def run(self, seconds: float | None, sink: csv.DictWriter | None,
+            stream: TextIO | None = None) -> list[dict[str, float]]:
+        """Cycle at the platform rate until ``seconds`` pass (None: until Ctrl-C)."""
+        period = 1.0 / self.platform.fps
+        n_cycles = None if seconds is None else int(round(seconds * self.platform.fps))
+        rows: list[dict[str, float]] = []
+        t_next = time.perf_counter()
+        try:
+            while n_cycles is None or len(rows) < n_cycles:
+                row = self.cycle(t_next)
+                rows.append(row)
+                if sink is not None:
+                    sink.writerow({k: _fmt(v) for k, v in row.items()})
+                    if stream is not None:
+                        stream.flush()
+                t_next += period
+                delay = t_next - time.perf_counter()
+                if delay > 0:
+                    sleep_until(t_next)
+                elif delay < -period:
+                    t_next = time.perf_counter()  # a lost slot: re-anchor, don't burst
+        except KeyboardInterrupt:
+            pass
+        return rows
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def summarize_timings(rows: list[dict[str, float]], fps: float) -> dict[str, float]:
+    """p50/p99 of each phase, the achieved rate and the start jitter (|actual - scheduled|)."""
+    if not rows:
+        return {"cycles": 0}
+    out: dict[str, float] = {"cycles": len(rows)}
+    for key in ("read_ms", "infer_ms", "write_ms", "total_ms"):
+        v = np.array([r[key] for r in rows])
+        out[f"{key[:-3]}_p50_ms"] = float(np.percentile(v, 50))
+        out[f"{key[:-3]}_p99_ms"] = float(np.percentile(v, 99))
+    late = np.abs([r["late_ms"] for r in rows])
+    out["jitter_p50_ms"] = float(np.percentile(late, 50))
+    out["jitter_p99_ms"] = float(np.percentile(late, 99))
+    ts = np.array([r["t"] for r in rows])
+    out["rate_hz"] = float((len(ts) - 1) / (ts[-1] - ts[0])) if len(ts) > 1 else math.nan
+    out["invalid_cycles"] = int(sum(1 - r["valid"] for r in rows))
+    return out
+
+
+def run_live(ckpt: str | Path, platform: str | Platform, port: str,
+             out: str | Path | None = None, seconds: float | None = None,
+             device: str = "cpu", calibration: str | Path | None = None,
+             threads: int | None = 1) -> str:
+    """Stream force/gate/condition from the arm on ``port`` with the actuator in ``ckpt``.
+
+    Rows go to ``out`` (CSV, written as ``out.partial`` and renamed when the loop ends) or
+    to stdout. ``threads``: torch intra-op threads (1 keeps the per-cycle latency low and
+    steady; None leaves torch's setting). Returns a one-paragraph timing summary.
+    """
+    p = platform if isinstance(platform, Platform) else load_platform(platform)
+    if seconds is not None and not seconds > 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    actuator, meta = load_actuator(ckpt, map_location=device, expect_platform=p.name)
+    if actuator.n_motors != p.n:
+        raise ValueError(f"{ckpt}: actuator has {actuator.n_motors} motors, platform "
+                         f"{p.name!r} has {p.n} channels")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    with open_bus(p, port, calibration) as bus:
+        hold = bus.read_goal()
+        bus.wait_ready()
+        loop = LiveLoop(actuator, bus, p, hold, device)
+        if out is None:
+            sink_file: TextIO = sys.stdout
+            partial = None
+        else:
+            partial = Path(str(out) + ".partial")
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            sink_file = open(partial, "w", newline="")  # closed in the finally below
+        try:
+            writer = csv.DictWriter(sink_file, fieldnames=loop.columns)
+            writer.writeheader()
+            rows = loop.run(seconds, writer, sink_file)
+        finally:
+            if partial is not None:
+                sink_file.close()
+                os.replace(partial, out)
+    s = summarize_timings(rows, p.fps)
+    if not rows:
+        return "live: no cycles ran"
+    where = f"; rows in {out}" if out else ""
+    return (f"live: {s['cycles']} cycles at {s['rate_hz']:.1f} Hz with {meta['source']} "
+            f"({meta['weights']} weights); per cycle p50/p99 read {s['read_p50_ms']:.2f}/"
+            f"{s['read_p99_ms']:.2f} ms, infer {s['infer_p50_ms']:.2f}/{s['infer_p99_ms']:.2f}"
+            f" ms, write {s['write_p50_ms']:.2f}/{s['write_p99_ms']:.2f} ms, total "
+            f"{s['total_p50_ms']:.2f}/{s['total_p99_ms']:.2f} ms; start jitter "
+            f"{s['jitter_p50_ms']:.2f}/{s['jitter_p99_ms']:.2f} ms; "
+            f"{s['invalid_cycles']} cycles with incomplete telemetry{where}")

@@ -1,0 +1,857 @@
+"""NAD shards: the on-disk dataset format (LeRobot dataset v3.0 layout, read/written with pyarrow).
+
+A dataset is a folder::
+
+    meta/info.json                         codebase_version "v3.0", fps, robot_type, features, ...
+    meta/stats.json                        per-feature min/max/mean/std/count (NaN-aware)
+    meta/tasks.parquet                     task string (index) -> task_index
+    meta/episodes/chunk-CCC/file-FFF.parquet   one row per episode (split, task, length, pointers)
+    data/chunk-CCC/file-FFF.parquet        the frames, whole episodes in order
+
+Appending never touches an existing data or episodes file: every flush writes *new* files
+(temp name + ``os.replace``) and then rewrites the three small meta files atomically, with
+``info.json`` last -- it is the commit point. ``docs/data-format.md`` describes every field.
+
+Canonical per-frame keys (Contract 1 of docs/architecture.md) map to on-disk features via
+:data:`FEATURES`; the rest of the library only ever sees canonical keys.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from nactuator.platforms import Platform
+
+__all__ = [
+    "CODEBASE_VERSION",
+    "FEATURES",
+    "REQUIRED_KEYS",
+    "SPLITS",
+    "DataFormatError",
+    "Dataset",
+    "DatasetWriter",
+    "Episode",
+    "read_dataset",
+]
+
+CODEBASE_VERSION = "v3.0"
+FORMAT_TAG = "nactuator-nad/1"
+SPLITS = ("train", "validation", "test")
+CHUNKS_SIZE = 1000  # files per chunk folder, as LeRobot
+DATA_FILE_SIZE_IN_MB = 100  # a flush starts a new data file beyond this much buffered data
+DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+
+
+class DataFormatError(ValueError):
+    """Bad dataset input or a damaged dataset; the message names the file/key and the problem."""
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    name: str  # on-disk feature name
+    width: str  # "n" (one value per channel), "3" (force), "1" (scalar per frame)
+    required: bool
+    default: float  # fill value when an optional key is not given
+    unit: str  # unit description ("joint" = rad / m by channel kind)
+
+
+# Canonical key -> on-disk feature. Order here is the column order in the data files.
+FEATURES: dict[str, FeatureSpec] = {
+    "q_cmd": FeatureSpec("action", "n", True, math.nan, "joint"),
+    "q": FeatureSpec("observation.state", "n", True, math.nan, "joint"),
+    "qd": FeatureSpec("observation.velocity", "n", True, math.nan, "joint/s"),
+    "effort": FeatureSpec("observation.effort", "n", True, math.nan, "effort"),
+    "voltage": FeatureSpec("observation.voltage", "n", True, math.nan, "V"),
+    "temperature": FeatureSpec("observation.temperature", "n", True, math.nan, "degC"),
+    "pwm": FeatureSpec("observation.pwm", "n", False, math.nan, "duty"),
+    "current": FeatureSpec("observation.current", "n", False, math.nan, "A"),
+    "force": FeatureSpec("observation.ee_force", "3", False, math.nan, "N"),
+    "payload_mass": FeatureSpec("observation.payload_mass", "1", False, math.nan, "kg"),
+    "condition": FeatureSpec("observation.condition", "n", False, math.nan, "1"),
+    "telemetry_valid": FeatureSpec("observation.telemetry_valid", "n", False, 1.0, "1"),
+    "torque_enable": FeatureSpec("observation.torque_enable", "n", False, 1.0, "1"),
+}
+REQUIRED_KEYS = tuple(k for k, s in FEATURES.items() if s.required)
+_EFFORT_UNITS = {"current": "A", "load": "fraction of max torque", "torque": None, "pwm": "duty"}
+_INDEX_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+
+
+def _channel_units(spec: FeatureSpec, platform: Platform) -> list[str] | str:
+    if spec.width != "n":
+        return spec.unit
+    units = []
+    for c in platform.channels:
+        if spec.unit == "joint":
+            units.append(c.unit)
+        elif spec.unit == "joint/s":
+            units.append(f"{c.unit}/s")
+        elif spec.unit == "effort":
+            units.append(_EFFORT_UNITS[platform.effort_signal] or c.effort_unit)
+        else:
+            units.append(spec.unit)
+    return units
+
+
+def _feature_schema(platform: Platform) -> dict[str, dict]:
+    """The info.json ``features`` block (LeRobot style, plus our ``unit`` and ``key``)."""
+    features: dict[str, dict] = {
+        "timestamp": {"dtype": "float32", "shape": [1], "names": None, "unit": "s"},
+        "frame_index": {"dtype": "int64", "shape": [1], "names": None},
+        "episode_index": {"dtype": "int64", "shape": [1], "names": None},
+        "index": {"dtype": "int64", "shape": [1], "names": None},
+        "task_index": {"dtype": "int64", "shape": [1], "names": None},
+    }
+    for key, spec in FEATURES.items():
+        if spec.width == "n":
+            shape, names = [platform.n], platform.channel_names
+        elif spec.width == "3":
+            shape, names = [3], ["x", "y", "z"]
+        else:
+            shape, names = [1], None
+        features[spec.name] = {
+            "dtype": "float32",
+            "shape": shape,
+            "names": names,
+            "unit": _channel_units(spec, platform),
+            "key": key,
+        }
+    return features
+
+
+def _width(spec: FeatureSpec, n: int) -> int:
+    return {"n": n, "3": 3, "1": 1}[spec.width]
+
+
+# --------------------------------------------------------------------------- atomic files
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _atomic_write_json(path: Path, obj: Any) -> None:
+    _atomic_write_bytes(path, (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode())
+
+
+def _atomic_write_parquet(path: Path, table: pa.Table) -> None:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="snappy")
+    _atomic_write_bytes(path, sink.getvalue().to_pybytes())
+
+
+def _json_safe(x: Any) -> Any:
+    """NaN/inf are not JSON; store them as null so stats.json stays strict JSON."""
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, float | np.floating):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def _partial_stats(values: np.ndarray) -> dict[str, np.ndarray]:
+    """NaN-aware per-channel count/sum/sum-of-squares/min/max of a (T, w) block."""
+    finite = np.isfinite(values)
+    zeroed = np.where(finite, values, 0.0).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        vmin = np.where(finite, values, np.inf).min(axis=0)
+        vmax = np.where(finite, values, -np.inf).max(axis=0)
+    return {
+        "count": finite.sum(axis=0).astype(np.int64),
+        "sum": zeroed.sum(axis=0),
+        "sumsq": (zeroed * zeroed).sum(axis=0),
+        "min": vmin.astype(np.float64),
+        "max": vmax.astype(np.float64),
+    }
+
+
+def _stats_to_json(p: dict[str, np.ndarray]) -> dict[str, list]:
+    count = p["count"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(count > 0, p["sum"] / np.maximum(count, 1), np.nan)
+        var = np.where(count > 0, p["sumsq"] / np.maximum(count, 1) - mean * mean, np.nan)
+    std = np.sqrt(np.maximum(var, 0.0))
+    nan_if_empty = lambda a: np.where(count > 0, a, np.nan)  # noqa: E731
+    return _json_safe(
+        {
+            "min": nan_if_empty(p["min"]).tolist(),
+            "max": nan_if_empty(p["max"]).tolist(),
+            "mean": mean.tolist(),
+            "std": np.where(count > 0, std, np.nan).tolist(),
+            "count": count.tolist(),
+        }
+    )
+
+
+def _stats_from_json(s: dict) -> dict[str, np.ndarray]:
+    """Invert :func:`_stats_to_json` into additive partial sums (so appends can aggregate)."""
+    nan = lambda v: np.array([math.nan if x is None else x for x in v], dtype=np.float64)  # noqa: E731
+    count = np.array(s["count"], dtype=np.int64)
+    mean = np.nan_to_num(nan(s["mean"]))
+    std = np.nan_to_num(nan(s["std"]))
+    return {
+        "count": count,
+        "sum": mean * count,
+        "sumsq": (std * std + mean * mean) * count,
+        "min": np.where(count > 0, nan(s["min"]), np.inf),
+        "max": np.where(count > 0, nan(s["max"]), -np.inf),
+    }
+
+
+def _merge_partial(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {
+        "count": a["count"] + b["count"],
+        "sum": a["sum"] + b["sum"],
+        "sumsq": a["sumsq"] + b["sumsq"],
+        "min": np.minimum(a["min"], b["min"]),
+        "max": np.maximum(a["max"], b["max"]),
+    }
+
+
+# --------------------------------------------------------------------------- writer
+
+
+@dataclass
+class _PendingEpisode:
+    index: int
+    task: str
+    split: str
+    frames: dict[str, np.ndarray]  # canonical key -> float32 (T, w); timestamp (T,)
+    meta: dict
+
+
+class DatasetWriter:
+    """Create a dataset, or open one for appending, and add whole episodes to it.
+
+    Episodes are buffered and written on :meth:`close` (or whenever the buffer passes
+    ``DATA_FILE_SIZE_IN_MB``) as new files; nothing already on disk is rewritten except the
+    small meta files, atomically. Used as a context manager, an exception inside the block
+    discards the buffered episodes and leaves the dataset exactly as it was.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        platform: Platform,
+        fps: float,
+        metadata: dict | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.platform = platform
+        self.fps = float(fps)
+        if not (math.isfinite(self.fps) and self.fps > 0):
+            raise DataFormatError(f"{self.root}: fps must be a positive number, got {fps!r}")
+        self._features = _feature_schema(platform)
+        self._pending: list[_PendingEpisode] = []
+        self._pending_bytes = 0
+        self._closed = False
+        info_path = self.root / "meta" / "info.json"
+        if info_path.exists():
+            self._info = _load_info(self.root)
+            self._check_compatible(self._info, metadata)
+            self._tasks = _load_tasks(self.root)
+            stored = _load_json(self.root / "meta" / "stats.json")
+            self._stats = {name: _stats_from_json(s) for name, s in stored.items()}
+            self._next_episode = int(self._info["total_episodes"])
+            self._next_frame = int(self._info["total_frames"])
+            self._next_data_file = _next_file_number(self.root / "data")
+            self._next_episodes_file = _next_file_number(self.root / "meta" / "episodes")
+        else:
+            if self.root.exists() and any(self.root.iterdir()):
+                raise DataFormatError(
+                    f"{self.root}: folder exists and is not empty but has no meta/info.json; "
+                    "expected an empty folder or an existing NAD dataset"
+                )
+            self._info = self._new_info(metadata or {})
+            self._tasks = {}
+            self._stats = {}
+            self._next_episode = self._next_frame = 0
+            self._next_data_file = self._next_episodes_file = 0
+
+    # -- public API -------------------------------------------------------------------
+
+    def add_episode(
+        self,
+        frames: dict[str, np.ndarray],
+        task: str,
+        split: str,
+        episode_meta: dict | None = None,
+    ) -> int:
+        """Validate and buffer one episode; returns its dataset-wide ``episode_index``."""
+        clean, meta = self.check_episode(frames, task, split, episode_meta)
+        ep = _PendingEpisode(self._next_episode, task, split, clean, meta)
+        self._pending.append(ep)
+        self._pending_bytes += sum(a.nbytes for a in clean.values())
+        self._next_episode += 1
+        if self._pending_bytes > DATA_FILE_SIZE_IN_MB * 2**20:
+            self.flush()
+        return ep.index
+
+    def check_episode(
+        self,
+        frames: dict[str, np.ndarray],
+        task: str,
+        split: str,
+        episode_meta: dict | None = None,
+    ) -> tuple[dict[str, np.ndarray], dict]:
+        """Validate an episode without adding it (importers check every file first).
+
+        Returns the frames as stored (float32, optional keys filled) and the meta dict.
+        """
+        if self._closed:
+            raise DataFormatError(f"{self.root}: writer is closed")
+        where = f"{self.root}: episode {self._next_episode}"
+        if not isinstance(task, str) or not task.strip():
+            raise DataFormatError(f"{where}: task must be a non-empty string, got {task!r}")
+        if split not in SPLITS:
+            raise DataFormatError(f"{where}: split must be one of {SPLITS}, got {split!r}")
+        meta = dict(episode_meta or {})
+        try:
+            json.dumps(meta, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise DataFormatError(f"{where}: episode_meta must be plain JSON data: {e}") from e
+        return self._validate_frames(frames, where), meta
+
+    def flush(self) -> None:
+        """Write the buffered episodes as one new data file + one new episodes file."""
+        if not self._pending:
+            if not (self.root / "meta" / "info.json").exists():
+                self._write_meta()  # an empty but valid dataset
+            return
+        written: list[Path] = []
+        meta_files = [self.root / "meta" / f for f in ("tasks.parquet", "stats.json", "info.json")]
+        backups = {p: p.read_bytes() for p in meta_files if p.exists()}
+        state = (dict(self._tasks), dict(self._stats), json.loads(json.dumps(self._info)))
+        try:
+            self._write_pending(written)
+        except BaseException:
+            # Undo: remove the new files, put back the meta files as they were.
+            for p in written:
+                p.unlink(missing_ok=True)
+            for p in meta_files:
+                if p not in backups:
+                    p.unlink(missing_ok=True)
+                elif not p.exists() or p.read_bytes() != backups[p]:
+                    _atomic_write_bytes(p, backups[p])
+            self._tasks, self._stats, self._info = state
+            raise
+        self._pending = []
+        self._pending_bytes = 0
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+
+    def abort(self) -> None:
+        """Drop buffered episodes; the dataset on disk stays as it was."""
+        self._pending = []
+        self._pending_bytes = 0
+        self._closed = True
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    # -- validation ------------------------------------------------------------------
+
+    def _check_compatible(self, info: dict, metadata: dict | None) -> None:
+        where = f"{self.root / 'meta' / 'info.json'}"
+        theirs = info.get("nactuator", {}).get("platform")
+        if theirs != self.platform.name:
+            raise DataFormatError(
+                f"{where}: dataset platform is {theirs!r}, "
+                f"cannot append {self.platform.name!r} data"
+            )
+        if abs(float(info["fps"]) - self.fps) > 1e-6 * self.fps:
+            raise DataFormatError(
+                f"{where}: fps mismatch when appending: dataset has {info['fps']}, "
+                f"writer got {self.fps}"
+            )
+        names = info["features"]["observation.state"]["names"]
+        if names != self.platform.channel_names:
+            raise DataFormatError(
+                f"{where}: channel names {names} differ from platform {self.platform.name!r} "
+                f"channels {self.platform.channel_names}"
+            )
+        if metadata:
+            info["nactuator"].setdefault("metadata", {}).update(metadata)
+
+    def _validate_frames(self, frames: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
+        if not isinstance(frames, dict):
+            raise DataFormatError(f"{where}: frames must be a dict of arrays, got {type(frames)}")
+        allowed = set(FEATURES) | {"timestamp"}
+        unknown = sorted(set(frames) - allowed)
+        if unknown:
+            raise DataFormatError(
+                f"{where}: unknown frame keys {unknown}; expected canonical keys {sorted(allowed)}"
+            )
+        missing = [k for k in REQUIRED_KEYS if k not in frames]
+        if missing:
+            raise DataFormatError(f"{where}: missing required frame keys {missing}")
+        n = self.platform.n
+        length = None
+        unrecorded = set(self.platform.data.get("unrecorded", []))
+        clean: dict[str, np.ndarray] = {}
+        for key, spec in FEATURES.items():
+            w = _width(spec, n)
+            if key not in frames:
+                continue
+            arr = np.asarray(frames[key], dtype=np.float64)
+            expect = "(T,)" if spec.width == "1" else f"(T, {w})"
+            if spec.width == "1" and arr.ndim == 2 and arr.shape[1] == 1:
+                arr = arr[:, 0]
+            if (spec.width == "1" and arr.ndim != 1) or (
+                spec.width != "1" and (arr.ndim != 2 or arr.shape[1] != w)
+            ):
+                raise DataFormatError(f"{where}: '{key}' has shape {arr.shape}, expected {expect}")
+            if length is None:
+                length = arr.shape[0]
+            if arr.shape[0] != length:
+                raise DataFormatError(
+                    f"{where}: '{key}' has {arr.shape[0]} frames, other keys have {length}"
+                )
+            if np.isinf(arr).any():
+                raise DataFormatError(f"{where}: '{key}' contains inf")
+            if spec.required and key not in unrecorded:
+                bad = np.isnan(arr)
+                if bad.any():
+                    t, j = np.argwhere(bad)[0]
+                    raise DataFormatError(
+                        f"{where}: NaN in required channel '{key}' "
+                        f"(channel {self.platform.channel_names[j]!r}, frame {t})"
+                    )
+            if key in ("telemetry_valid", "torque_enable") and not np.isin(arr, (0.0, 1.0)).all():
+                raise DataFormatError(f"{where}: '{key}' must hold only 0 or 1")
+            if key == "condition" and ((arr < 0) | (arr > 1)).any():
+                raise DataFormatError(f"{where}: 'condition' must be in [0, 1] or NaN")
+            clean[key] = arr.reshape(length, w).astype(np.float32)
+        if not length:
+            raise DataFormatError(f"{where}: empty episode (0 frames)")
+        for key, spec in FEATURES.items():
+            if key not in clean:
+                clean[key] = np.full((length, _width(spec, n)), spec.default, dtype=np.float32)
+        if "timestamp" in frames:
+            ts = np.asarray(frames["timestamp"], dtype=np.float64).reshape(-1)
+            if ts.shape[0] != length:
+                raise DataFormatError(
+                    f"{where}: 'timestamp' has {ts.shape[0]} frames, other keys have {length}"
+                )
+            if not np.isfinite(ts).all() or (np.diff(ts) < 0).any():
+                raise DataFormatError(f"{where}: 'timestamp' must be finite and non-decreasing")
+        else:
+            ts = np.arange(length, dtype=np.float64) / self.fps
+        clean["timestamp"] = ts.astype(np.float32)
+        return clean
+
+    # -- writing ---------------------------------------------------------------------
+
+    def _new_info(self, metadata: dict) -> dict:
+        p = self.platform
+        return {
+            "codebase_version": CODEBASE_VERSION,
+            "robot_type": p.robot_type,
+            "total_episodes": 0,
+            "total_frames": 0,
+            "total_tasks": 0,
+            "chunks_size": CHUNKS_SIZE,
+            "data_files_size_in_mb": DATA_FILE_SIZE_IN_MB,
+            "video_files_size_in_mb": 200,
+            "fps": self.fps,
+            "splits": {},
+            "data_path": DATA_PATH,
+            "video_path": None,
+            "features": self._features,
+            "nactuator": {
+                "format": FORMAT_TAG,
+                "platform": p.name,
+                "channels": p.channel_names,
+                "effort_signal": p.effort_signal,
+                "metadata": metadata,
+            },
+        }
+
+    def _write_pending(self, written: list[Path]) -> None:
+        n = self.platform.n
+        file_no = self._next_data_file
+        chunk, fidx = divmod(file_no, CHUNKS_SIZE)
+        data_rel = DATA_PATH.format(chunk_index=chunk, file_index=fidx)
+        e_chunk, e_fidx = divmod(self._next_episodes_file, CHUNKS_SIZE)
+
+        task_index = dict(self._tasks)
+        columns: dict[str, list[np.ndarray]] = {c: [] for c in _INDEX_COLUMNS}
+        columns.update({spec.name: [] for spec in FEATURES.values()})
+        rows: list[dict] = []
+        frame = self._next_frame
+        for ep in self._pending:
+            length = ep.frames["timestamp"].shape[0]
+            tidx = task_index.setdefault(ep.task, len(task_index))
+            columns["timestamp"].append(ep.frames["timestamp"])
+            columns["frame_index"].append(np.arange(length, dtype=np.int64))
+            columns["episode_index"].append(np.full(length, ep.index, dtype=np.int64))
+            columns["index"].append(np.arange(frame, frame + length, dtype=np.int64))
+            columns["task_index"].append(np.full(length, tidx, dtype=np.int64))
+            for key, spec in FEATURES.items():
+                columns[spec.name].append(ep.frames[key])
+            rows.append(self._episode_row(ep, length, frame, chunk, fidx, e_chunk, e_fidx))
+            frame += length
+
+        vector_columns = {s.name for s in FEATURES.values() if s.width != "1"}
+        arrays, names = [], []
+        for name, parts in columns.items():
+            values = np.concatenate(parts)
+            if name in vector_columns:
+                flat = pa.array(values.reshape(-1), type=pa.float32())
+                arrays.append(pa.FixedSizeListArray.from_arrays(flat, values.shape[1]))
+            else:
+                arrays.append(pa.array(values.reshape(-1)))
+            names.append(name)
+        data_table = pa.Table.from_arrays(arrays, names=names)
+
+        data_path = self.root / data_rel
+        if data_path.exists():
+            raise DataFormatError(f"{data_path}: refusing to overwrite an existing data file")
+        _atomic_write_parquet(data_path, data_table)
+        written.append(data_path)
+        ep_path = self.root / EPISODES_PATH.format(chunk_index=e_chunk, file_index=e_fidx)
+        if ep_path.exists():
+            raise DataFormatError(f"{ep_path}: refusing to overwrite an existing episodes file")
+        _atomic_write_parquet(ep_path, _episodes_table(rows, n))
+        written.append(ep_path)
+
+        stats = dict(self._stats)
+        stat_names = {key: spec.name for key, spec in FEATURES.items()} | {"timestamp": "timestamp"}
+        for key, name in stat_names.items():
+            block = np.concatenate([ep.frames[key] for ep in self._pending])
+            part = _partial_stats(block.reshape(block.shape[0], -1))
+            stats[name] = _merge_partial(stats[name], part) if name in stats else part
+
+        # Meta files: stats and tasks first, info.json last (the commit point).
+        self._tasks, self._stats = task_index, stats
+        self._info["total_episodes"] = self._pending[-1].index + 1
+        self._info["total_frames"] = frame
+        self._info["total_tasks"] = len(task_index)
+        self._info["splits"] = self._splits_after(rows)
+        self._write_meta()
+        self._next_frame = frame
+        self._next_data_file += 1
+        self._next_episodes_file += 1
+
+    def _episode_row(self, ep, length, frame, chunk, fidx, e_chunk, e_fidx) -> dict:
+        payload = ep.meta.get("payload_mass")
+        if payload is None:
+            pm = ep.frames["payload_mass"][:, 0]
+            payload = float(np.nanmax(pm)) if np.isfinite(pm).any() else math.nan
+        cond = ep.frames["condition"]
+        with np.errstate(invalid="ignore"):
+            labelled = np.isfinite(cond).any(axis=0)
+            means = np.nanmean(np.where(labelled, cond, 0.0), axis=0)
+            condition = np.where(labelled, means, np.nan)
+        return {
+            "episode_index": ep.index,
+            "tasks": [ep.task],
+            "length": length,
+            "split": ep.split,
+            "task": ep.task,
+            "payload_mass": float(payload),
+            "condition": condition.astype(np.float32),
+            "data/chunk_index": chunk,
+            "data/file_index": fidx,
+            "dataset_from_index": frame,
+            "dataset_to_index": frame + length,
+            "meta/episodes/chunk_index": e_chunk,
+            "meta/episodes/file_index": e_fidx,
+            "meta": json.dumps(ep.meta, sort_keys=True),
+        }
+
+    def _splits_after(self, rows: list[dict]) -> dict[str, str]:
+        """info.json ``splits``: episode index ranges per split, e.g. ``"0:8,9:12"``."""
+        per: dict[str, list[int]] = {s: [] for s in SPLITS}
+        for s, ranges in self._info.get("splits", {}).items():
+            for r in ranges.split(","):
+                if r:
+                    a, b = (int(x) for x in r.split(":"))
+                    per.setdefault(s, []).extend(range(a, b))
+        for r in rows:
+            per[r["split"]].append(r["episode_index"])
+        return {s: _ranges(sorted(v)) for s, v in per.items() if v}
+
+    def _write_meta(self) -> None:
+        _atomic_write_parquet(self.root / "meta" / "tasks.parquet", _tasks_table(self._tasks))
+        _atomic_write_json(
+            self.root / "meta" / "stats.json",
+            {name: _stats_to_json(p) for name, p in self._stats.items()},
+        )
+        _atomic_write_json(self.root / "meta" / "info.json", _json_safe(self._info))
+
+
+def _ranges(indices: list[int]) -> str:
+    out, start, prev = [], None, None
+    for i in indices:
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}:{prev + 1}")
+            start = prev = i
+    if start is not None:
+        out.append(f"{start}:{prev + 1}")
+    return ",".join(out)
+
+
+def _episodes_table(rows: list[dict], n: int) -> pa.Table:
+    cond = np.stack([r["condition"] for r in rows]).reshape(-1)
+    cols = {
+        "episode_index": pa.array([r["episode_index"] for r in rows], pa.int64()),
+        "tasks": pa.array([r["tasks"] for r in rows], pa.list_(pa.string())),
+        "length": pa.array([r["length"] for r in rows], pa.int64()),
+        "split": pa.array([r["split"] for r in rows], pa.string()),
+        "task": pa.array([r["task"] for r in rows], pa.string()),
+        "payload_mass": pa.array([r["payload_mass"] for r in rows], pa.float64()),
+        "condition": pa.FixedSizeListArray.from_arrays(pa.array(cond, pa.float32()), n),
+        "data/chunk_index": pa.array([r["data/chunk_index"] for r in rows], pa.int64()),
+        "data/file_index": pa.array([r["data/file_index"] for r in rows], pa.int64()),
+        "dataset_from_index": pa.array([r["dataset_from_index"] for r in rows], pa.int64()),
+        "dataset_to_index": pa.array([r["dataset_to_index"] for r in rows], pa.int64()),
+        "meta/episodes/chunk_index": pa.array(
+            [r["meta/episodes/chunk_index"] for r in rows], pa.int64()
+        ),
+        "meta/episodes/file_index": pa.array(
+            [r["meta/episodes/file_index"] for r in rows], pa.int64()
+        ),
+        "meta": pa.array([r["meta"] for r in rows], pa.string()),
+    }
+    return pa.table(cols)
+
+
+def _tasks_table(tasks: dict[str, int]) -> pa.Table:
+    """LeRobot reads tasks.parquet with pandas (task string as the index); write that shape."""
+    names = sorted(tasks, key=tasks.get)
+    table = pa.table(
+        {
+            "task_index": pa.array([tasks[t] for t in names], pa.int64()),
+            "__index_level_0__": pa.array(names, pa.string()),
+        }
+    )
+    pandas_meta = {
+        "index_columns": ["__index_level_0__"],
+        "column_indexes": [],
+        "columns": [
+            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
+             "numpy_type": "int64", "metadata": None},
+            {"name": None, "field_name": "__index_level_0__", "pandas_type": "unicode",
+             "numpy_type": "object", "metadata": None},
+        ],
+        "creator": {"library": "pyarrow", "version": pa.__version__},
+        "pandas_version": "2.2.0",
+    }
+    return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass
+class Episode:
+    """One episode: frames as views into the dataset's concatenated arrays."""
+
+    index: int
+    task: str
+    split: str
+    length: int
+    payload_mass: float
+    meta: dict
+    frames: dict[str, np.ndarray]  # canonical key -> float32 (T, w); "timestamp" (T,)
+
+
+@dataclass
+class Dataset:
+    """A whole dataset in memory: ``frames`` concatenated over episodes (row = global index)."""
+
+    root: Path
+    platform: str
+    fps: float
+    info: dict
+    stats: dict
+    frames: dict[str, np.ndarray]
+    episodes: list[Episode] = field(default_factory=list)
+
+    @property
+    def starts(self) -> np.ndarray:
+        """Row offset of each episode in :attr:`frames`."""
+        return np.cumsum([0] + [e.length for e in self.episodes[:-1]], dtype=np.int64)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([e.length for e in self.episodes], dtype=np.int64)
+
+    def split_indices(self, split: str) -> list[int]:
+        return [i for i, e in enumerate(self.episodes) if e.split == split]
+
+
+def _load_json(path: Path) -> Any:
+    if not path.exists():
+        raise DataFormatError(f"{path}: missing (expected a NAD dataset written by nactuator)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataFormatError(f"{path}: not valid JSON: {e}") from e
+
+
+def _load_info(root: Path) -> dict:
+    info = _load_json(root / "meta" / "info.json")
+    where = root / "meta" / "info.json"
+    for key in ("codebase_version", "fps", "features", "total_episodes", "total_frames"):
+        if key not in info:
+            raise DataFormatError(f"{where}: missing field '{key}'")
+    if info["codebase_version"] != CODEBASE_VERSION:
+        raise DataFormatError(
+            f"{where}: codebase_version {info['codebase_version']!r}, expected {CODEBASE_VERSION!r}"
+        )
+    if info.get("nactuator", {}).get("format") != FORMAT_TAG:
+        raise DataFormatError(f"{where}: not a nactuator NAD dataset (nactuator.format missing)")
+    return info
+
+
+def _load_tasks(root: Path) -> dict[str, int]:
+    table = _read_parquet(root / "meta" / "tasks.parquet")
+    names = table.column("__index_level_0__").to_pylist()
+    return dict(zip(names, table.column("task_index").to_pylist(), strict=True))
+
+
+def _read_parquet(path: Path) -> pa.Table:
+    if not path.exists():
+        raise DataFormatError(f"{path}: missing file referenced by the dataset")
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataFormatError(f"{path}: corrupt or truncated parquet file ({e})") from e
+
+
+def _next_file_number(folder: Path) -> int:
+    numbers = [
+        int(p.parent.name.split("-")[1]) * CHUNKS_SIZE + int(p.stem.split("-")[1])
+        for p in folder.glob("chunk-*/file-*.parquet")
+    ]
+    return max(numbers) + 1 if numbers else 0
+
+
+def _column_numpy(table: pa.Table, name: str, width: int, where: Path) -> np.ndarray:
+    if name not in table.column_names:
+        raise DataFormatError(f"{where}: missing column '{name}'")
+    col = table.column(name).combine_chunks()
+    if pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
+        values = col.flatten().to_numpy(zero_copy_only=False)
+        return values.reshape(len(col), width)
+    return col.to_numpy(zero_copy_only=False).reshape(len(col), width)
+
+
+def read_dataset(root: str | Path) -> Dataset:
+    """Read a whole dataset into memory (canonical keys, float32)."""
+    root = Path(root)
+    info = _load_info(root)
+    stats = _load_json(root / "meta" / "stats.json")
+    n = len(info["nactuator"]["channels"])
+    ep_files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+    ep_tables = [_read_parquet(p) for p in ep_files]
+    rows = pa.concat_tables(ep_tables).to_pylist() if ep_tables else []
+    rows.sort(key=lambda r: r["episode_index"])
+    if len(rows) != info["total_episodes"] or [r["episode_index"] for r in rows] != list(
+        range(len(rows))
+    ):
+        raise DataFormatError(
+            f"{root}: meta/episodes holds {len(rows)} episodes but info.json says "
+            f"{info['total_episodes']} (an interrupted write left extra files?)"
+        )
+
+    by_file: dict[tuple[int, int], list[dict]] = {}
+    for r in rows:
+        by_file.setdefault((r["data/chunk_index"], r["data/file_index"]), []).append(r)
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in [*FEATURES, "timestamp"]}
+    in_order = sorted(by_file.items(), key=lambda kv: kv[1][0]["episode_index"])
+    for (chunk, fidx), file_rows in in_order:
+        path = root / DATA_PATH.format(chunk_index=chunk, file_index=fidx)
+        table = _read_parquet(path)
+        index = _column_numpy(table, "index", 1, path)[:, 0]
+        expected = np.concatenate(
+            [np.arange(r["dataset_from_index"], r["dataset_to_index"]) for r in file_rows]
+        )
+        if index.shape != expected.shape or (index != expected).any():
+            raise DataFormatError(
+                f"{path}: frame 'index' column does not match meta/episodes "
+                f"(episodes {file_rows[0]['episode_index']}..{file_rows[-1]['episode_index']})"
+            )
+        for key, spec in FEATURES.items():
+            values = _column_numpy(table, spec.name, _width(spec, n), path)
+            parts[key].append(values.astype(np.float32))
+        timestamps = _column_numpy(table, "timestamp", 1, path)[:, 0]
+        parts["timestamp"].append(timestamps.astype(np.float32))
+
+    frames = {
+        k: np.concatenate(v) if v else np.zeros((0, _width(spec, n)), dtype=np.float32)
+        for (k, v), spec in zip(parts.items(), [*FEATURES.values(), None], strict=True)
+        if spec is not None
+    }
+    frames["timestamp"] = (
+        np.concatenate(parts["timestamp"]) if parts["timestamp"] else np.zeros(0, np.float32)
+    )
+    episodes = []
+    offset = 0
+    for r in rows:
+        length = int(r["length"])
+        sl = slice(offset, offset + length)
+        episodes.append(
+            Episode(
+                index=int(r["episode_index"]),
+                task=r["task"],
+                split=r["split"],
+                length=length,
+                payload_mass=math.nan if r["payload_mass"] is None else float(r["payload_mass"]),
+                meta=json.loads(r["meta"]) if r["meta"] else {},
+                frames={k: v[sl] for k, v in frames.items()},
+            )
+        )
+        offset += length
+    return Dataset(
+        root=root,
+        platform=info["nactuator"]["platform"],
+        fps=float(info["fps"]),
+        info=info,
+        stats=stats,
+        frames=frames,
+        episodes=episodes,
+    )

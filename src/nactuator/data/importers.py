@@ -1,0 +1,389 @@
+"""Importers: NAD CSV folders (OMX, SO-101, Franka) and BAM XL330 JSON logs -> NAD shards.
+
+Raw register units are converted to SI here, once, using the unit table in each platform's
+``data:`` section (conf/platform/*.yaml). Every file is parsed and validated before the
+first byte is written, so a bad file leaves the output dataset untouched.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from nactuator.data.format import SPLITS, DataFormatError, DatasetWriter
+from nactuator.platforms import Platform, list_platforms, load_platform
+
+__all__ = ["import_bam", "import_nad", "read_bam_log", "read_nad_csv"]
+
+NAD_SENTINEL = -999.0  # "no force reading on this frame" (nad-format.md §6)
+FPS_TOLERANCE = 0.25  # measured frame rate may differ from the platform's by this fraction
+
+
+@dataclass
+class ParsedEpisode:
+    """One source file, converted: canonical frames plus its labels."""
+
+    source: Path
+    platform: Platform
+    frames: dict[str, np.ndarray]
+    task: str
+    split: str
+    meta: dict
+
+
+# --------------------------------------------------------------------------- NAD CSV
+
+
+def expand_header(spec: str) -> list[str]:
+    """``"timestamp pos1-5 aperture"`` -> ``["timestamp", "pos1", ..., "pos5", "aperture"]``."""
+    names: list[str] = []
+    for token in spec.split():
+        m = re.fullmatch(r"(.*?)(\d+)-(\d+)", token)
+        if m:
+            names += [f"{m[1]}{i}" for i in range(int(m[2]), int(m[3]) + 1)]
+        else:
+            names.append(token)
+    return names
+
+
+def _nad_layouts(platform: str | None) -> dict[str, tuple[Platform, list[str]]]:
+    names = [platform] if platform else list_platforms()
+    layouts = {}
+    for name in names:
+        p = load_platform(name)
+        spec = p.data.get("nad", {}).get("header")
+        if spec:
+            layouts[p.name] = (p, expand_header(spec))
+    if platform and not layouts:
+        raise DataFormatError(
+            f"platform {platform!r} has no NAD CSV layout (data.nad.header in {p.source})"
+        )
+    return layouts
+
+
+def _detect_layout(path: Path, header: list[str], layouts: dict) -> tuple[Platform, list[str]]:
+    for platform, expected in layouts.values():
+        if set(header) == set(expected) and len(header) == len(expected):
+            return platform, expected
+    # No exact match: report against the closest layout, naming what is wrong.
+    platform, expected = max(layouts.values(), key=lambda pe: len(set(pe[1]) & set(header)))
+    missing = [c for c in expected if c not in header]
+    extra = [c for c in header if c not in expected]
+    dupes = [c for c, k in Counter(header).items() if k > 1]
+    raise DataFormatError(
+        f"{path}: header does not match the NAD {platform.name} layout "
+        f"({len(expected)} columns; file has {len(header)}): "
+        f"missing columns {missing}, unexpected columns {extra}"
+        + (f", duplicated columns {dupes}" if dupes else "")
+    )
+
+
+def _labels_from_path(path: Path, platform: Platform) -> tuple[str, str, float, dict]:
+    """Task, split, payload mass [kg] and extra meta from the NAD folder layout (§2)."""
+    cfg = platform.data["nad"]
+    split = path.parent.name
+    if split not in SPLITS:
+        raise DataFormatError(
+            f"{path}: expected the file inside a split folder {SPLITS} "
+            f"(NAD layout .../<task>/<split>/NNN.csv), found folder {split!r}"
+        )
+    depth = int(cfg.get("task_depth", 1))
+    segments = path.parent.parent.parts[-depth:]
+    task = "/".join(segments)
+    grams = 0.0
+    pattern = cfg.get("payload_pattern")
+    if pattern:
+        m = re.search(pattern, f"{task}/{path.name}")
+        if m:
+            grams = float(m[1])
+    meta = {"source": "/".join(path.parts[-depth - 2 :]), "payload_g": grams}
+    return task, split, grams / 1000.0, meta
+
+
+def _condition(task: str, n_frames: int, platform: Platform) -> np.ndarray | None:
+    cfg = platform.data["nad"].get("condition")
+    if not cfg or task.split("/")[0] != cfg["family"]:
+        return None  # unlabelled
+    cond = np.ones((n_frames, platform.n))
+    if task.endswith(cfg["degrade_suffix"]):
+        for name in cfg["restricted"]:
+            cond[:, platform.channel_names.index(name)] = 0.0
+    return cond
+
+
+def _check_units(path: Path, frames: dict, platform: Platform, columns: dict) -> None:
+    """Catch the usual unit slips (degrees, mm, V vs dV, ms timestamps) with a clear error."""
+    cfg = platform.data["nad"]
+    for j, ch in enumerate(platform.channels):
+        bound = 2 * math.pi if ch.kind == "revolute" else 0.1
+        for key in ("q", "q_cmd"):
+            worst = np.nanmax(np.abs(frames[key][:, j]))
+            if worst > bound:
+                raise DataFormatError(
+                    f"{path}: {key} of channel {ch.name!r} reaches {worst:.4g} {ch.unit} after "
+                    f"conversion; expected |value| <= {bound:.3g} {ch.unit} (wrong units in "
+                    f"column {columns[key][j]!r}?)"
+                )
+    lo, hi = cfg.get("voltage_range", (-math.inf, math.inf))
+    volts = frames["voltage"]
+    if np.isfinite(volts).any():
+        j = int(np.nanargmax(np.abs(volts - (lo + hi) / 2).max(axis=0)))
+        vmin, vmax = float(np.nanmin(volts[:, j])), float(np.nanmax(volts[:, j]))
+        if vmin < lo or vmax > hi:
+            raw = platform.data["nad"]["columns"]["voltage"]
+            raise DataFormatError(
+                f"{path}: column '{raw}{j + 1}' gives {vmin:.4g}..{vmax:.4g} V after scaling by "
+                f"{cfg['scale'].get('voltage', 1.0)}; expected {lo}..{hi} V "
+                f"(is the column in the unit the {platform.name} layout expects?)"
+            )
+    dt = np.diff(frames["timestamp"])
+    if len(dt) and (dt <= 0).any():
+        row = int(np.argmax(dt <= 0)) + 1
+        raise DataFormatError(f"{path}: timestamp does not increase at data row {row + 1}")
+    if len(dt) >= 2:
+        fps = 1.0 / float(np.median(dt))
+        if abs(fps / platform.fps - 1.0) > FPS_TOLERANCE:
+            raise DataFormatError(
+                f"{path}: timestamps imply {fps:.4g} Hz but platform {platform.name!r} records at "
+                f"{platform.fps} Hz (timestamp column not in seconds, or wrong platform?)"
+            )
+
+
+def read_nad_csv(
+    path: str | Path, platform: str | None = None, layouts: dict | None = None
+) -> ParsedEpisode:
+    """Parse and convert one NAD CSV file; raises :class:`DataFormatError` on bad input.
+
+    ``layouts`` (from :func:`_nad_layouts`) saves re-reading the platform files per file.
+    """
+    path = Path(path)
+    layouts = layouts or _nad_layouts(platform)
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise DataFormatError(f"{path}: empty file (expected a NAD CSV header and rows)")
+    header = [h.strip() for h in raw.split(b"\n", 1)[0].decode("utf-8", "replace").split(",")]
+    p, expected = _detect_layout(path, header, layouts)
+    if not raw.endswith(b"\n"):
+        n_lines = raw.count(b"\n") + 1
+        raise DataFormatError(
+            f"{path}: truncated file: the last row (line {n_lines}) has no line ending; "
+            "expected complete CSV rows"
+        )
+    try:
+        table = pacsv.read_csv(
+            io.BytesIO(raw),
+            convert_options=pacsv.ConvertOptions(column_types={c: pa.float64() for c in header}),
+        )
+    except pa.ArrowInvalid as e:
+        raise DataFormatError(f"{path}: malformed CSV (truncated or damaged row?): {e}") from e
+    if table.num_rows == 0:
+        raise DataFormatError(f"{path}: empty episode: header but no data rows")
+    col = {c: table.column(c).to_numpy(zero_copy_only=False).astype(np.float64) for c in header}
+
+    cfg = p.data["nad"]
+    n = p.n
+    frames: dict[str, np.ndarray] = {"timestamp": col["timestamp"]}
+    sources: dict[str, list[str]] = {}
+    for key, prefix in cfg["columns"].items():
+        names = [f"{prefix}{j + 1}" for j in range(n)]
+        frames[key] = np.stack([col[c] for c in names], axis=1) * float(cfg["scale"].get(key, 1.0))
+        sources[key] = names
+    gripper = cfg.get("gripper")
+    if gripper:
+        # The gripper channel is a prismatic finger in metres (architecture.md conventions).
+        for j in p.gripper_indices:
+            for key in ("q", "q_cmd"):
+                frames[key][:, j] = col[gripper[key]] * float(gripper["scale"])
+                sources[key][j] = gripper[key]
+            if gripper.get("qd") == "finite_difference" and table.num_rows >= 2:
+                t = frames["timestamp"]
+                if (np.diff(t) > 0).all():
+                    frames["qd"][:, j] = np.gradient(frames["q"][:, j], t)
+                sources["qd"][j] = f"d({gripper['q']})/dt"
+
+    for key, names in sources.items():  # NaN in a required channel: name the column and row
+        if key in ("q_cmd", "q", "qd", "effort", "voltage", "temperature"):
+            bad = np.isnan(frames[key])
+            if bad.any():
+                row, j = np.argwhere(bad)[0]
+                raise DataFormatError(
+                    f"{path}: column {names[j]!r} is empty/NaN at data row {row + 1} "
+                    f"(line {row + 2}) (required channel '{key}')"
+                )
+    force = np.stack([col["force_x"], col["force_y"], col["force_z"]], axis=1)
+    frames["force"] = np.where(force == NAD_SENTINEL, np.nan, force)
+    for key in ("voltage", "temperature"):
+        if key not in frames:  # not logged on this platform (data.unrecorded)
+            frames[key] = np.full((table.num_rows, n), np.nan)
+    _check_units(path, frames, p, sources)
+
+    task, split, mass, meta = _labels_from_path(path, p)
+    # Payload is on the arm while the weight label is present (pick-and-place: the carry).
+    held = np.isfinite(frames["force"]).any(axis=1) if mass > 0 else np.zeros(table.num_rows, bool)
+    frames["payload_mass"] = np.where(held, mass, 0.0)
+    cond = _condition(task, table.num_rows, p)
+    if cond is not None:
+        frames["condition"] = cond
+    meta |= {"payload_mass": mass, "rows": table.num_rows}
+    return ParsedEpisode(path, p, frames, task, split, meta)
+
+
+def _find_files(src: Path, suffix: str) -> list[Path]:
+    if src.is_file():
+        return [src]
+    if not src.is_dir():
+        raise DataFormatError(f"{src}: no such file or folder")
+    files = sorted(p for p in src.rglob(f"*{suffix}") if p.is_file())
+    if not files:
+        raise DataFormatError(f"{src}: no *{suffix} files found")
+    return files
+
+
+def _write(out: Path, episodes: list[ParsedEpisode], metadata: dict) -> str:
+    platforms = {e.platform.name for e in episodes}
+    if len(platforms) > 1:
+        by = {name: next(str(e.source) for e in episodes if e.platform.name == name)
+              for name in sorted(platforms)}
+        raise DataFormatError(f"mixed platforms in one import: {by}; import them separately")
+    platform = episodes[0].platform
+    fps = platform.fps
+    with DatasetWriter(out, platform, fps, metadata=metadata) as writer:
+        for e in episodes:  # validate all first: a large import may flush more than once
+            try:
+                writer.check_episode(e.frames, e.task, e.split, e.meta)
+            except DataFormatError as err:
+                raise DataFormatError(f"{e.source}: {err}") from err
+        for e in episodes:
+            writer.add_episode(e.frames, e.task, e.split, e.meta)
+    return _summary(out, episodes, fps)
+
+
+def _summary(out: Path, episodes: list[ParsedEpisode], fps: float) -> str:
+    frames = sum(len(e.frames["timestamp"]) for e in episodes)
+    splits = Counter(e.split for e in episodes)
+    tasks = Counter(e.task for e in episodes)
+    labelled = [np.isfinite(e.frames["force"]).any(axis=1) for e in episodes if "force" in e.frames]
+    force = int(sum(m.sum() for m in labelled))
+    lines = [
+        f"imported {len(episodes)} episodes ({frames} frames, {frames / fps:.1f} s at {fps} Hz) "
+        f"into {out}",
+        f"platform: {episodes[0].platform.name}",
+        "splits: " + ", ".join(f"{s} {splits[s]}" for s in SPLITS if splits[s]),
+        f"tasks ({len(tasks)}): " + ", ".join(f"{t} x{k}" for t, k in sorted(tasks.items())),
+        f"force-labelled frames: {force} of {frames}",
+    ]
+    return "\n".join(lines)
+
+
+def import_nad(src: str | Path, out: str | Path, platform: str | None = None) -> str:
+    """Import every NAD CSV under ``src`` into the dataset at ``out``; returns a summary.
+
+    The platform is detected from each header unless given. Task, split and payload come
+    from the NAD folder layout. Appends when ``out`` already holds a dataset of the same
+    platform and fps.
+    """
+    src, out = Path(src), Path(out)
+    layouts = _nad_layouts(platform)
+    episodes = [read_nad_csv(f, layouts=layouts) for f in _find_files(src, ".csv")]
+    return _write(out, episodes, {"source": "NAD (Frank-ZY-Dou/Dynamics-Modeling)"})
+
+
+# --------------------------------------------------------------------------- BAM JSON
+
+_BAM_HEADER = ("mass", "length", "kp", "vin", "motor", "trajectory", "entries")
+_BAM_FIELDS = ("timestamp", "position", "speed", "load", "input_volts", "temp",
+               "goal_position", "torque_enable")
+
+
+def read_bam_log(path: str | Path, platform: Platform | None = None) -> ParsedEpisode:
+    """Parse one raw BAM XL330 log (real-data.md §2.3) onto the pendulum's control grid."""
+    path = Path(path)
+    p = platform or load_platform("pendulum")
+    cfg = p.data["bam"]
+    try:
+        log = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataFormatError(f"{path}: not valid JSON (truncated file?): {e}") from e
+    missing = [k for k in _BAM_HEADER if k not in log]
+    if missing:
+        raise DataFormatError(f"{path}: missing BAM header fields {missing}")
+    entries = log["entries"]
+    if not entries:
+        raise DataFormatError(f"{path}: empty episode: 'entries' is empty")
+    for i, e in enumerate(entries):
+        absent = [k for k in _BAM_FIELDS if k not in e]
+        if absent:
+            raise DataFormatError(f"{path}: entry {i} lacks fields {absent}")
+    raw = {k: np.array([e[k] for e in entries], dtype=np.float64) for k in _BAM_FIELDS}
+    splits = {int(k): v for k, v in cfg["splits"].items()}
+    kp = int(log["kp"])
+    if kp not in splits:
+        raise DataFormatError(
+            f"{path}: kp {kp} has no split in {p.source} data.bam.splits (known: {sorted(splits)})"
+        )
+
+    # `load` is the raw Present PWM register, unsigned-wrapped 16-bit: decode before any
+    # interpolation (interpolating the wrapped value is what corrupts BAM's processed files).
+    counts = np.where(raw["load"] > 32767, raw["load"] - 65536, raw["load"])
+    limit = float(cfg["pwm_limit"])
+    if (np.abs(counts) > limit).any():
+        i = int(np.argmax(np.abs(counts) > limit))
+        raise DataFormatError(
+            f"{path}: entry {i} 'load' = {int(raw['load'][i])} decodes to PWM {int(counts[i])}, "
+            f"outside +-{int(limit)} (expected the raw Present PWM register)"
+        )
+    duty = counts / limit
+    t = raw["timestamp"]
+    if (np.diff(t) <= 0).any():
+        i = int(np.argmax(np.diff(t) <= 0)) + 1
+        raise DataFormatError(f"{path}: timestamp does not increase at entry {i}")
+
+    if cfg.get("resample", True):
+        grid = np.arange(t[0], t[-1] + 1e-9, p.control_dt)
+        lerp = lambda v: np.interp(grid, t, v)  # noqa: E731
+        hold = np.clip(np.searchsorted(t, grid, side="right") - 1, 0, len(t) - 1)
+        torque = raw["torque_enable"][hold]
+    else:
+        grid, lerp, torque = t, (lambda v: v), raw["torque_enable"]
+    col = lambda v: lerp(v)[:, None]  # noqa: E731
+    frames = {
+        "timestamp": grid - grid[0],
+        "q_cmd": col(raw["goal_position"]),
+        "q": col(raw["position"]),
+        "qd": col(raw["speed"]),
+        "effort": col(duty),
+        "pwm": col(duty),
+        "voltage": col(raw["input_volts"]),
+        "temperature": col(raw["temp"]),
+        "payload_mass": np.zeros(len(grid)),
+        "torque_enable": torque[:, None].astype(np.float64),
+    }
+    meta = {
+        "source": path.name,
+        "kp": kp,
+        "mass": float(log["mass"]),
+        "length": float(log["length"]),
+        "vin": float(log["vin"]),
+        "motor": str(log["motor"]),
+        "raw_samples": len(entries),
+        "t0": float(t[0]),
+        "payload_mass": 0.0,
+    }
+    return ParsedEpisode(path, p, frames, str(log["trajectory"]), splits[kp], meta)
+
+
+def import_bam(src: str | Path, out: str | Path) -> str:
+    """Import BAM XL330 raw JSON logs (a file or a folder of them) as a pendulum dataset."""
+    src, out = Path(src), Path(out)
+    platform = load_platform("pendulum")
+    episodes = [read_bam_log(f, platform) for f in _find_files(src, ".json")]
+    return _write(out, episodes, {"source": "BAM XL330 raw logs (Rhoban/bam @ af22604)"})

@@ -1,0 +1,95 @@
+"""``nactuator data info DST``: a human-readable description of a dataset.
+
+Reads only the meta files (info.json, stats.json, meta/episodes), never the frames, so it is
+instant even on large datasets.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+
+from nactuator.data.format import (
+    FEATURES,
+    SPLITS,
+    DataFormatError,
+    _load_info,
+    _load_json,
+    _read_parquet,
+)
+
+__all__ = ["describe"]
+
+
+def _fmt(x: float | None) -> str:
+    return "nan" if x is None else f"{x:.4g}"
+
+
+def describe(path: str | Path) -> str:
+    """Episodes, frames, fps, platform, tasks, splits and per-feature ranges of a dataset."""
+    root = Path(path)
+    info = _load_info(root)
+    stats = _load_json(root / "meta" / "stats.json")
+    ep_files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+    tables = [_read_parquet(p) for p in ep_files]
+    episodes = pa.concat_tables(tables).to_pylist() if tables else []
+    if len(episodes) != info["total_episodes"]:
+        raise DataFormatError(
+            f"{root}: meta/episodes holds {len(episodes)} episodes, info.json says "
+            f"{info['total_episodes']}"
+        )
+    nact = info["nactuator"]
+    total = int(info["total_frames"])
+    fps = float(info["fps"])
+    lines = [
+        f"dataset: {root}",
+        f"platform: {nact['platform']} (robot_type {info['robot_type']}, "
+        f"effort signal {nact['effort_signal']})",
+        f"channels: {', '.join(nact['channels'])}",
+        f"fps: {fps:g}",
+        f"episodes: {info['total_episodes']}   frames: {total} ({total / fps:.1f} s)",
+    ]
+    split_eps = Counter(e["split"] for e in episodes)
+    split_frames = Counter()
+    for e in episodes:
+        split_frames[e["split"]] += e["length"]
+    lines.append(
+        "splits: "
+        + ", ".join(f"{s} {split_eps[s]} ep / {split_frames[s]} frames" for s in SPLITS
+                    if split_eps[s])
+    )
+    tasks = Counter(e["task"] for e in episodes)
+    lines.append(f"tasks ({len(tasks)}):")
+    for task, k in sorted(tasks.items()):
+        per = Counter(e["split"] for e in episodes if e["task"] == task)
+        payloads = sorted({e["payload_mass"] for e in episodes if e["task"] == task
+                           and e["payload_mass"] is not None})
+        lines.append(
+            f"  {task}: {k} episodes ("
+            + ", ".join(f"{s} {per[s]}" for s in SPLITS if per[s])
+            + ")"
+            + (f", payload {', '.join(f'{m:g}' for m in payloads)} kg" if payloads else "")
+        )
+    lengths = [e["length"] for e in episodes]
+    if lengths:
+        lines.append(f"episode length: {min(lengths)}..{max(lengths)} frames")
+
+    lines.append("features (per channel: min..max, NaN fraction):")
+    features = info["features"]
+    for key, spec in FEATURES.items():
+        feat = features.get(spec.name)
+        s = stats.get(spec.name)
+        if feat is None or s is None:
+            continue
+        names = feat["names"] or [spec.name.split(".")[-1]]
+        units = feat["unit"] if isinstance(feat["unit"], list) else [feat["unit"]] * len(names)
+        lines.append(f"  {spec.name} ({key}):")
+        for j, name in enumerate(names):
+            nan_frac = 1.0 - s["count"][j] / total if total else 0.0
+            lines.append(
+                f"    {name:<14} {_fmt(s['min'][j]):>10} .. {_fmt(s['max'][j]):<10} "
+                f"{units[j]:<24} NaN {nan_frac:6.1%}"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,61 @@
+"""Normalisation statistics and the per-episode signal clean-up the DataModule applies.
+
+Both operate on the DataModule's concatenated frame arrays with an episode table
+(``starts``, ``lengths``), fully vectorised.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["NORM_KEYS", "STD_FLOOR", "median3_within_episodes", "norm_stats"]
+
+NORM_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
+# Below this a channel is treated as constant (std := 1), so dividing by std can't blow up
+# a channel that never moved in the training split (e.g. an unused gripper).
+STD_FLOOR = 1e-6
+
+
+def median3_within_episodes(x: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """3-frame running median along time, never reaching across an episode boundary.
+
+    Removes the isolated one-frame spikes in servo temperature telemetry (a 95 degC sample
+    in a 35 degC stream) while leaving steps and slow drifts untouched. At an episode's
+    first/last frame the missing neighbour is replaced by the frame itself, so edge values
+    are kept unless both real neighbours agree against them.
+    """
+    if len(x) == 0:
+        return x.copy()
+    prev = np.empty_like(x)
+    nxt = np.empty_like(x)
+    prev[1:], prev[0] = x[:-1], x[0]
+    nxt[:-1], nxt[-1] = x[1:], x[-1]
+    first = starts
+    last = starts + lengths - 1
+    prev[first] = x[first]
+    nxt[last] = x[last]
+    lo, hi = np.minimum(prev, x), np.maximum(prev, x)
+    return np.maximum(lo, np.minimum(hi, nxt))
+
+
+def norm_stats(frames: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, dict[str, list]]:
+    """Contract 2 ``norm_stats`` over the given frame rows (the train split's frames).
+
+    ``{key: {"mean": [n], "std": [n]}}`` for q_cmd, q, qd, effort, voltage, temperature and
+    error = q_cmd - q. NaN samples are ignored; an all-NaN channel gets mean 0, std 1.
+    """
+    out: dict[str, dict[str, list]] = {}
+    for key in NORM_KEYS:
+        if key == "error":
+            x = frames["q_cmd"][rows].astype(np.float64) - frames["q"][rows]
+        else:
+            x = frames[key][rows].astype(np.float64)
+        finite = np.isfinite(x)
+        count = finite.sum(axis=0)
+        safe = np.where(finite, x, 0.0)
+        mean = np.where(count > 0, safe.sum(axis=0) / np.maximum(count, 1), 0.0)
+        var = np.where(finite, (x - mean) ** 2, 0.0).sum(axis=0) / np.maximum(count, 1)
+        std = np.sqrt(var)
+        std = np.where((count > 0) & (std > STD_FLOOR), std, 1.0)
+        out[key] = {"mean": mean.tolist(), "std": std.tolist()}
+    return out

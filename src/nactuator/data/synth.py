@@ -1,0 +1,242 @@
+"""Synthetic NAD datasets from the hidden ground-truth world (:mod:`nactuator.world`).
+
+For every task of the world file, ``trajectories_per_task`` repetitions of the commanded
+motion run in lock-step (one :class:`~nactuator.world.World` with one arm per repetition) and
+are logged at the platform's control period, exactly as a teleoperation recorder would: each
+frame reads the telemetry registers, then writes the next goal. Repetitions are split 8:1:1
+(train/validation/test) by trajectory.
+
+The dataset is written to a temporary sibling folder and moved into place only when complete,
+so a failure never leaves a half-written or damaged dataset at ``out``. The resolved world
+parameters go into ``meta/info.json`` (``nactuator.metadata.world``) so the exact robot can be
+rebuilt with ``WorldParams.from_dict``. Same seed, same arguments -> byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from nactuator.data.format import DataFormatError, DatasetWriter
+from nactuator.platforms import Platform, conf_dir, load_platform
+from nactuator.world import World, WorldError, WorldParams, load_world
+from nactuator.world.tasks import Kinematics, plan_episode, task_seed
+
+__all__ = ["MAX_ARMS_PER_BATCH", "run_tasks", "split_for", "synthesize"]
+
+# Arms simulated in one lock-step batch: amortises the per-step numpy work over many arms
+# while bounding memory (logs are t_max x arms x n doubles per channel).
+MAX_ARMS_PER_BATCH = 120
+
+
+def split_for(rep: int, reps: int) -> str:
+    """8:1:1 by trajectory: the last tenth is test, the tenth before it validation.
+
+    With fewer than 10 trajectories each of validation and test still gets one as soon as
+    there are 3 (2 -> train + validation, 1 -> train only).
+    """
+    n_test = max(1, round(0.1 * reps)) if reps >= 3 else 0
+    n_val = max(1, round(0.1 * reps)) if reps >= 2 else 0
+    if rep >= reps - n_test:
+        return "test"
+    if rep >= reps - n_test - n_val:
+        return "validation"
+    return "train"
+
+
+def run_tasks(
+    platform: Platform,
+    params: WorldParams,
+    tasks: list[str],
+    reps: int,
+    seed: int,
+    seconds: float | None = None,
+    kin: Kinematics | None = None,
+) -> list[tuple[str, dict[str, np.ndarray], dict]]:
+    """Simulate ``reps`` repetitions of each task, all arms in one lock-step batch.
+
+    Returns (task, Contract-1 frames, episode meta) per episode, tasks in order. An arm's data
+    depend only on the seed, its task and its repetition (per-arm noise streams), not on which
+    other tasks share the batch.
+    """
+    kin = kin or (Kinematics(platform) if platform.n > 1 else None)
+    jobs = [(task, r) for task in tasks for r in range(reps)]
+    plans = [plan_episode(platform, params, kin, task, r, seed, seconds) for task, r in jobs]
+    n, n_envs = platform.n, len(jobs)
+    arm_seeds = [int(task_seed(seed, task, 2, r).integers(2**31)) for task, r in jobs]
+    world = World(platform, params, seed=arm_seeds, n_envs=n_envs)
+    if any(p.kp is not None for p in plans):
+        kp = np.array([[p.kp if p.kp is not None else np.nan] * n for p in plans])
+        world.servo.p = dict(world.servo.p, kp=np.where(np.isnan(kp), world.motors["kp"], kp))
+
+    lo, hi = params.thermal["initial_rise"]
+    temps = np.stack([params.thermal["ambient"] + task_seed(seed, task, 3, r).uniform(lo, hi, n)
+                      for task, r in jobs])
+    world.reset(np.stack([p.q_goal[0] for p in plans]), temperature=temps)
+    bands = np.array([p.band for p in plans])
+    if bands.any():
+        world.set_band(bands)
+    world.step(float(params.physics["settle_seconds"]))
+
+    lengths = np.array([p.frames for p in plans])
+    t_max = int(lengths.max())
+    # Commands padded by holding the last frame, so every arm can step together.
+    def padded(name: str) -> np.ndarray:
+        out = []
+        for p in plans:
+            a = getattr(p, name)
+            out.append(np.concatenate([a, np.repeat(a[-1:], t_max - a.shape[0], axis=0)]))
+        return np.stack(out, axis=1)  # (t_max, n_envs, w)
+
+    goals, enables, forces = padded("q_goal"), padded("torque_enable") > 0.5, padded("force")
+    keys = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "pwm", "current")
+    logs = {k: np.zeros((t_max, n_envs, n)) for k in keys}
+    for k in range(t_max):
+        tel = world.telemetry()  # read the registers, then write the next goal
+        world.set_goal(goals[k])
+        world.set_torque_enabled(enables[k])
+        world.set_external_force(forces[k])
+        logs["q_cmd"][k] = world.goal()
+        for key in keys[1:]:
+            logs[key][k] = tel[key]
+        world.step(platform.control_dt)
+
+    episodes = []
+    for e, ((task, r), p) in enumerate(zip(jobs, plans, strict=True)):
+        L = p.frames
+        frames = {key: logs[key][:L, e] for key in keys}
+        frames.update(
+            force=p.force_label,
+            payload_mass=p.payload_mass,
+            condition=p.condition,
+            telemetry_valid=np.ones((L, n)),
+            torque_enable=p.torque_enable,
+            timestamp=np.arange(L) * platform.control_dt,
+        )
+        meta = dict(p.meta, split=split_for(r, reps), synthetic=True,
+                    initial_temperature=[round(float(x), 3) for x in temps[e]])
+        episodes.append((task, frames, meta))
+    return episodes
+
+
+def _portable_source(source: str) -> str:
+    """World file path relative to conf/ when it lives there (keeps info.json portable)."""
+    try:
+        return str(Path(source).resolve().relative_to(conf_dir().resolve()))
+    except ValueError:
+        return source
+
+
+def _check_out(out: Path) -> None:
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise DataFormatError(f"{out}: exists and is not a folder; expected a dataset folder")
+    if not any(out.iterdir()):
+        return
+    info = out / "meta" / "info.json"
+    try:
+        synthetic = json.loads(info.read_text())["nactuator"]["metadata"].get("synthetic")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        synthetic = False
+    if not synthetic:
+        raise DataFormatError(
+            f"{out}: folder exists and is not a synthetic nactuator dataset; refusing to "
+            "replace it (choose an empty or new --out)"
+        )
+
+
+def synthesize(
+    platform: str,
+    out: str,
+    seed: int = 0,
+    world: str | None = None,
+    trajectories_per_task: int = 10,
+    seconds: float | None = None,
+    tasks: list[str] | None = None,
+) -> str:
+    """Generate a synthetic dataset at ``out``; returns a one-paragraph summary.
+
+    ``world`` is a world YAML (default ``conf/world/<platform>.yaml``); ``seconds`` overrides
+    every task's length; ``tasks`` selects a subset by name. An existing *synthetic* dataset
+    at ``out`` is replaced once the new one is complete; any other non-empty folder is refused.
+    """
+    started = time.perf_counter()
+    plat = load_platform(platform)
+    if not isinstance(trajectories_per_task, int) or trajectories_per_task < 1:
+        raise WorldError(f"trajectories_per_task must be a positive integer, "
+                         f"got {trajectories_per_task!r}")
+    if seconds is not None and not (seconds > 0 and np.isfinite(seconds)):
+        raise WorldError(f"seconds must be a positive number, got {seconds!r}")
+    params = load_world(plat, world, seed)
+    names = list(params.tasks) if not tasks else list(tasks)
+    unknown = [t for t in names if t not in params.tasks]
+    if unknown:
+        raise WorldError(f"unknown task(s) {unknown} for world {params.source}; "
+                         f"expected some of {sorted(params.tasks)}")
+    out_path = Path(out)
+    _check_out(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.parent / f".{out_path.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    resolved = params.to_dict()
+    resolved["source"] = _portable_source(params.source)
+    metadata = {
+        "synthetic": True,
+        "generator": "nactuator.data.synth",
+        "seed": int(seed),
+        "trajectories_per_task": trajectories_per_task,
+        "seconds": seconds,
+        "tasks": names,
+        "world": resolved,
+    }
+    kin = Kinematics(plat) if plat.n > 1 else None
+    frames_total = 0
+    try:
+        writer = DatasetWriter(tmp, plat, fps=plat.fps, metadata=metadata)
+        per_batch = max(1, MAX_ARMS_PER_BATCH // trajectories_per_task)
+        batches = [names[i:i + per_batch] for i in range(0, len(names), per_batch)]
+        with tqdm(total=len(names) * trajectories_per_task, desc=f"synth {plat.name}",
+                  unit="traj", disable=None) as bar:
+            for batch in batches:
+                for task, frames, meta in run_tasks(plat, params, batch, trajectories_per_task,
+                                                    seed, seconds, kin):
+                    writer.add_episode(frames, task, meta["split"], episode_meta=meta)
+                    frames_total += frames["q"].shape[0]
+                bar.update(len(batch) * trajectories_per_task)
+        writer.close()
+        _replace_dir(tmp, out_path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    elapsed = time.perf_counter() - started
+    sim_s = frames_total * plat.control_dt
+    return (
+        f"synthesized {len(names) * trajectories_per_task} episodes ({len(names)} tasks x "
+        f"{trajectories_per_task} trajectories, split 8:1:1), {frames_total} frames "
+        f"({sim_s:.0f} s at {1 / plat.control_dt:.1f} Hz) for {plat.name} into {out_path}; "
+        f"world {resolved['source']} seed {seed}; took {elapsed:.1f} s"
+    )
+
+
+def _replace_dir(new: Path, dest: Path) -> None:
+    """Move ``new`` to ``dest``; an old ``dest`` is removed only after the move succeeded."""
+    if not dest.exists():
+        os.replace(new, dest)
+        return
+    old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(dest, old)
+    try:
+        os.replace(new, dest)
+    except BaseException:
+        os.replace(old, dest)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,169 @@
+"""``evaluate``: checkpoint + dataset split -> metrics.json, metrics.md and PNG plots.
+
+Top to bottom: load the actuator and its platform, read the split (and the train split for
+the linear force reference), roll every episode out open loop through the simulator,
+score each episode, aggregate per task then over tasks, write the files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nactuator.eval import metrics as M
+from nactuator.eval.episodes import (
+    EvalDataError,
+    is_no_contact,
+    load_episodes,
+    load_with_sources,
+    split_paths,
+)
+from nactuator.eval.plots import plot_force, plot_joints
+from nactuator.eval.protocol import rollout, score_episode
+from nactuator.eval.references import LinearForceReference
+from nactuator.eval.report import markdown_report
+from nactuator.models import load_actuator
+from nactuator.platforms import load_platform
+
+__all__ = ["LINEAR_RIDGE", "MAX_PLOTTED_EPISODES", "evaluate", "write_text_atomic"]
+
+LINEAR_RIDGE = 1e-6  # "tiny λ": only there to keep collinear telemetry solvable
+MAX_PLOTTED_EPISODES = 12  # plots are for looking at, not for every episode of a big split
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _json_safe(x):
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, float | np.floating):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def _linear_reference(data, platform) -> tuple[LinearForceReference | None, dict]:
+    train = load_episodes(data, platform, "train")
+    if not train:
+        return None, {"unavailable": "the dataset has no train split to fit it on"}
+    try:
+        ref = LinearForceReference.fit(train, ridge=LINEAR_RIDGE)
+    except EvalDataError as err:
+        return None, {"unavailable": str(err)}
+    return ref, {"ridge": LINEAR_RIDGE, "train_episodes": len(train),
+                 "train_frames": ref.train_frames}
+
+
+def _group(per_episode: list[dict], tasks: set[str]) -> dict | None:
+    chosen = [e for e in per_episode if e["task"] in tasks]
+    return M.aggregate(chosen) if chosen else None
+
+
+def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
+             split: str = "test", out: str | os.PathLike = "eval", device: str = "cpu",
+             horizons: Sequence[int] = M.HORIZONS) -> str:
+    """Run the published protocol on every episode of ``split``; returns ``metrics.md``.
+
+    Writes ``metrics.json`` (every per-episode, per-task and mean figure), ``metrics.md``
+    and PNG plots into ``out``. Raises :class:`EvalDataError` for data that cannot be
+    evaluated with this checkpoint (other platform, a missing input channel, empty split).
+    """
+    from nactuator.sim import Simulator
+
+    t0 = time.perf_counter()
+    out = Path(out)
+    actuator, meta = load_actuator(ckpt, map_location=device)
+    platform = load_platform(meta["platform"])
+    if actuator.n_motors != platform.n:
+        raise EvalDataError(f"{ckpt}: the model drives {actuator.n_motors} motors but platform "
+                            f"{platform.name!r} has {platform.n}")
+    sources = load_with_sources(data, platform, split)
+    episodes = [ep for _, ep in sources]
+    if not episodes:
+        where = ", ".join(str(p) for p in split_paths(data))
+        raise EvalDataError(f"{where}: no episodes in split {split!r}")
+    linear, linear_info = _linear_reference(data, platform)
+
+    scales, units = M.channel_scales([c.kind for c in platform.channels])
+    sim = Simulator(platform, device=device)
+    # One batch of every episode; seeded so a model with dropout left on still repeats.
+    torch.manual_seed(0)
+    rollouts = rollout(actuator, sim, episodes, history=actuator.history - 1, device=device)
+
+    paths = split_paths(data)
+    per_episode = []
+    for (path, ep), ro in zip(sources, rollouts, strict=True):
+        scores = score_episode(ep, ro, scales, linear, horizons)
+        per_episode.append({"dataset": str(path), **scores})
+    quiet_tasks = {e.task for e in episodes} - {e.task for e in episodes if not is_no_contact(e)}
+    aggregate = {
+        "all": M.aggregate(per_episode),
+        "contact": _group(per_episode, {e.task for e in episodes} - quiet_tasks),
+        "no_contact": _group(per_episode, quiet_tasks),
+    }
+    notes = []
+    for h in horizons:
+        short = [e for e in episodes if e.length - 1 < h]
+        if short:
+            notes.append(f"horizon @{h} skipped for {len(short)} of {len(episodes)} episode(s) "
+                         f"shorter than {h} steps (shortest: {min(e.length for e in short) - 1})")
+
+    plots = []
+    for (path, ep), ro in list(zip(sources, rollouts, strict=True))[:MAX_PLOTTED_EPISODES]:
+        # Episode indices repeat across datasets; prefix the dataset's position if several.
+        stem = f"episode_{ep.index:03d}"
+        if len(paths) > 1:
+            stem = f"data{paths.index(path)}_{stem}"
+        plots.append(plot_joints(ep, ro, platform.channel_names, scales, units,
+                                 out / f"{stem}_joints.png"))
+        lin = linear.predict(ep) if linear is not None else None
+        plots.append(plot_force(ep, ro, out / f"{stem}_force.png", lin))
+
+    result = {
+        "checkpoint": str(ckpt),
+        "weights": meta.get("weights"),
+        "data": [str(p) for p in paths],
+        "split": split,
+        "platform": platform.name,
+        "device": device,
+        "episodes": len(episodes),
+        "steps": int(sum(e.length - 1 for e in episodes)),
+        "horizons": list(horizons),
+        "channels": [{"name": c.name, "kind": c.kind, "unit": u}
+                     for c, u in zip(platform.channels, units, strict=True)],
+        "arm_indices": platform.arm_indices,
+        "references": {"command_following": {"definition": "q[i+1] predicted as q_cmd[i]"},
+                       "linear_regression": linear_info},
+        "notes": notes,
+        "aggregate": aggregate,
+        "per_episode": per_episode,
+        "plots": [p.name for p in plots],
+        "wall_time_s": time.perf_counter() - t0,
+    }
+    result = _json_safe(result)
+    text = markdown_report(result)
+    write_text_atomic(out / "metrics.json", json.dumps(result, indent=2, allow_nan=False) + "\n")
+    write_text_atomic(out / "metrics.md", text)
+    return text

@@ -1,0 +1,158 @@
+"""``infer``: the deployment path — force, contact gate and condition from telemetry alone.
+
+No simulator: every frame's window is the *recorded* commands, state and telemetry of the
+last L frames (zero history before the episode start, as in training), so each estimate
+uses only what a live robot would have seen up to that frame. All windows of all episodes
+go through the network in large batches.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from nactuator.data import Episode
+from nactuator.eval import metrics as M
+from nactuator.eval.episodes import (
+    EvalDataError,
+    check_inputs,
+    force_labels,
+    is_no_contact,
+    load_episodes,
+    split_paths,
+)
+from nactuator.models import load_actuator
+from nactuator.platforms import load_platform
+
+__all__ = ["BATCH_SIZE", "causal_windows", "infer", "predict_episodes"]
+
+BATCH_SIZE = 4096  # windows per forward pass; ~1-2 MB of input, fast on any CPU
+
+
+def causal_windows(ep: Episode, keys: Sequence[str], length: int) -> dict[str, torch.Tensor]:
+    """(T, L, n) window per frame of ``ep``: frames t-L+1..t, zeros before frame 0."""
+    windows = {}
+    for key in keys:
+        arr = np.nan_to_num(np.asarray(ep.frames[key], dtype=np.float32), nan=0.0)
+        padded = torch.from_numpy(
+            np.concatenate([np.zeros((length - 1, arr.shape[1]), np.float32), arr]))
+        # unfold -> (T, n, L); the window axis goes second as in (B, L, n).
+        windows[key] = padded.unfold(0, length, 1).permute(0, 2, 1)
+    return windows
+
+
+def predict_episodes(actuator, episodes: Sequence[Episode],
+                     batch_size: int = BATCH_SIZE) -> list[dict[str, np.ndarray]]:
+    """Per episode: ``force`` (T, 3), ``gate`` (T,), ``condition`` (T, n) for every frame.
+
+    Runs in eval mode (no dropout) without autograd; the actuator's mode is restored.
+    """
+    was_training = actuator.training
+    actuator.eval()
+    try:
+        with torch.no_grad():
+            return _predict(actuator, episodes, batch_size)
+    finally:
+        actuator.train(was_training)
+
+
+def _predict(actuator, episodes: Sequence[Episode],
+             batch_size: int) -> list[dict[str, np.ndarray]]:
+    keys = list(actuator.inputs)
+    check_inputs(episodes, keys)
+    per_ep = [causal_windows(ep, keys, actuator.history) for ep in episodes]
+    stacked = {k: torch.cat([w[k] for w in per_ep]) for k in keys}
+    total = stacked[keys[0]].shape[0]
+    device = next(actuator.parameters()).device
+    outs = {"force": [], "gate": [], "condition": []}
+    for start in range(0, total, batch_size):
+        window = {k: v[start:start + batch_size].to(device) for k, v in stacked.items()}
+        out = actuator(window)
+        outs["force"].append(out["force"].float().cpu())
+        outs["gate"].append(out["gate"].reshape(-1).float().cpu())
+        outs["condition"].append(out["condition"].float().cpu())
+    flat = {k: torch.cat(v).numpy().astype(np.float64) for k, v in outs.items()}
+    results, offset = [], 0
+    for ep in episodes:
+        sl = slice(offset, offset + ep.length)
+        results.append({k: v[sl] for k, v in flat.items()})
+        offset += ep.length
+    return results
+
+
+def _write_csv(frame: pd.DataFrame, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        frame.to_csv(tmp, index=False, float_format="%.6g")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def infer(ckpt: str | os.PathLike, data, split: str | None = None,
+          out: str | os.PathLike | None = None, force_only: bool = False) -> str:
+    """Causal estimates for every frame of ``split`` (None = all episodes) of ``data``.
+
+    Writes a CSV to ``out`` (if given) with columns ``episode, frame, timestamp, fx, fy,
+    fz, gate`` and, unless ``force_only``, ``condition_<channel>`` per motor. Returns a
+    summary: frames, throughput, and force MAE against the labels where there are any.
+    """
+    t0 = time.perf_counter()
+    actuator, meta = load_actuator(ckpt)
+    platform = load_platform(meta["platform"])
+    episodes = load_episodes(data, platform, split)
+    if not episodes:
+        where = ", ".join(str(p) for p in split_paths(data))
+        raise EvalDataError(f"{where}: no episodes in split {split!r}")
+    t1 = time.perf_counter()
+    preds = predict_episodes(actuator, episodes)
+    model_s = time.perf_counter() - t1
+    frames = sum(ep.length for ep in episodes)
+
+    if out is not None:
+        columns: dict[str, np.ndarray] = {
+            "episode": np.concatenate([np.full(ep.length, ep.index) for ep in episodes]),
+            "frame": np.concatenate([np.arange(ep.length) for ep in episodes]),
+            "timestamp": np.concatenate([ep.frames["timestamp"] for ep in episodes]),
+        }
+        force = np.concatenate([p["force"] for p in preds])
+        columns.update(fx=force[:, 0], fy=force[:, 1], fz=force[:, 2],
+                       gate=np.concatenate([p["gate"] for p in preds]))
+        if not force_only:
+            cond = np.concatenate([p["condition"] for p in preds])
+            for j, name in enumerate(platform.channel_names):
+                columns[f"condition_{name}"] = cond[:, j]
+        _write_csv(pd.DataFrame(columns), Path(out))
+
+    lines = [f"infer: {len(episodes)} episode(s), {frames} frames of "
+             f"{', '.join(str(p) for p in split_paths(data))} (split {split or 'all'}), "
+             f"platform {platform.name}",
+             f"model: {model_s:.2f} s for all frames = {frames / max(model_s, 1e-9):,.0f} "
+             f"frames/s (batch {BATCH_SIZE}, {torch.get_num_threads()} thread(s)); "
+             f"total {time.perf_counter() - t0:.2f} s"]
+    labelled = [(ep, p) for ep, p in zip(episodes, preds, strict=True)
+                if np.isfinite(force_labels(ep)).any()]
+    if labelled:
+        err = np.concatenate([M.force_errors(p["force"], force_labels(ep))
+                              for ep, p in labelled])
+        lines.append(f"force MAE vs labels ({len(labelled)} labelled episode(s), unlabelled "
+                     f"frames as 0 N): 3-axis {err.mean():.3f} N, z {err[:, 2].mean():.3f} N")
+    quiet = [p for ep, p in zip(episodes, preds, strict=True) if is_no_contact(ep)]
+    if quiet:
+        nc = M.no_contact_metrics(np.concatenate([p["gate"] for p in quiet]),
+                                  np.concatenate([p["force"] for p in quiet]))
+        lines.append(f"no-contact runs ({len(quiet)}): false-contact rate "
+                     f"{100 * nc['false_contact_rate']:.1f} %, mean |f| "
+                     f"{nc['mean_force_norm']:.3f} N")
+    lines.append(f"CSV: {out}" if out is not None else "CSV: not written (pass --out FILE)")
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""PNG plots of one episode's rollout: joints (simulated vs recorded) and force with gate."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+# The object API with no pyplot: no global figure state and no display backend, ever.
+from matplotlib.figure import Figure
+
+from nactuator.data import Episode
+from nactuator.eval.episodes import force_labels
+from nactuator.eval.protocol import FORCE_LABEL_OFFSET, Rollout
+
+__all__ = ["plot_force", "plot_joints"]
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    """Atomic PNG write: render to a temp file beside the target, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=90)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def plot_joints(ep: Episode, ro: Rollout, names: list[str], scales: np.ndarray,
+                units: list[str], path: Path) -> Path:
+    """One panel per channel: recorded q, simulated q and the command, in reported units."""
+    t = np.arange(ep.length)
+    n = len(names)
+    fig = Figure(figsize=(9, 1.7 * n + 0.6))
+    axes = fig.subplots(n, 1, sharex=True, squeeze=False)
+    for j, ax in enumerate(axes[:, 0]):
+        s = scales[j]
+        ax.plot(t, ep.frames["q_cmd"][:, j] * s, color="0.6", lw=0.8, ls="--", label="command")
+        ax.plot(t, ep.frames["q"][:, j] * s, color="k", lw=1.0, label="recorded")
+        ax.plot(t, ro.q[:, j] * s, color="tab:red", lw=1.0, label="simulated (model)")
+        ax.set_ylabel(f"{names[j]}\n[{units[j]}]", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0, 0].legend(loc="upper right", fontsize=7, ncol=3)
+    axes[0, 0].set_title(f"{ep.task} · episode {ep.index}: open-loop rollout", fontsize=9)
+    axes[-1, 0].set_xlabel("frame")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_force(ep: Episode, ro: Rollout, path: Path,
+               linear: np.ndarray | None = None) -> Path:
+    """Predicted vs labelled force per axis (unlabelled frames left blank) and the gate."""
+    steps = ep.length - 1
+    frames = np.arange(steps) + FORCE_LABEL_OFFSET
+    label = force_labels(ep)[FORCE_LABEL_OFFSET:FORCE_LABEL_OFFSET + steps]
+    fig = Figure(figsize=(9, 7))
+    axes = fig.subplots(4, 1, sharex=True)
+    for a, axis_name in enumerate("xyz"):
+        ax = axes[a]
+        ax.plot(frames, label[:, a], color="k", lw=1.2, label="label")
+        if linear is not None:
+            ax.plot(frames, linear[:steps, a], color="tab:green", lw=0.8, alpha=0.8,
+                    label="linear regression")
+        ax.plot(frames, ro.force[:, a], color="tab:red", lw=1.0, label="model")
+        ax.set_ylabel(f"f{axis_name} [N]", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0].legend(loc="upper right", fontsize=7, ncol=3)
+    axes[0].set_title(f"{ep.task} · episode {ep.index}: force (NaN labels not drawn)",
+                      fontsize=9)
+    axes[3].plot(frames, ro.gate, color="tab:purple", lw=1.0, label="gate")
+    axes[3].axhline(0.5, color="0.6", lw=0.6, ls=":")
+    axes[3].set_ylim(-0.05, 1.05)
+    axes[3].set_ylabel("gate", fontsize=8)
+    axes[3].set_xlabel("frame")
+    fig.tight_layout()
+    return _save(fig, path)

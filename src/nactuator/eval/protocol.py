@@ -1,0 +1,187 @@
+"""The published evaluation protocol (nad-format.md §8.2): one open-loop rollout per episode.
+
+For every episode: the simulator starts at q = q[0] (the recorded position), qd = 0, with a
+zero-padded history. Step i builds the model's window from the recorded commands and
+telemetry of frames i-h..i, with the state slots (q, qd; the error follows from them)
+replaced by the *simulated* states, feeds the predicted effort through one simulator step
+and compares the simulated q with the recorded q[i+1]. Nothing is ever reset to the
+recording, so errors accumulate exactly as they would when the model drives a simulation.
+
+All episodes of a split roll out together as one batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nactuator.data import Episode
+from nactuator.eval import metrics as M
+from nactuator.eval.episodes import (
+    check_inputs,
+    condition_labels,
+    force_labels,
+    is_no_contact,
+)
+from nactuator.eval.references import LinearForceReference, command_following
+
+__all__ = ["FORCE_LABEL_OFFSET", "Rollout", "model_inputs", "rollout", "score_episode"]
+
+# Step i (window ending at frame i) is scored against frame i + 1 for the joints (the
+# protocol); its force, gate and condition describe the window's current frame i, exactly
+# as training supervises them (training/losses.py), so they are scored against frame i.
+FORCE_LABEL_OFFSET = 0
+STATE_KEYS = ("q", "qd")
+
+
+@dataclass
+class Rollout:
+    """One episode's open-loop rollout. Step arrays are (T-1, ...): step i -> frame i+1."""
+
+    q: np.ndarray  # (T, n) simulated positions, q[0] = recorded q[0]
+    qd: np.ndarray  # (T, n)
+    tau: np.ndarray  # (T-1, n) predicted effort (the simulator clips it to the bounds)
+    force: np.ndarray  # (T-1, 3)
+    gate: np.ndarray  # (T-1,)
+    condition: np.ndarray  # (T-1, n)
+
+
+def model_inputs(actuator) -> tuple[str, ...]:
+    """Window channels the rollout must provide: what the actuator reads, plus the state."""
+    need = list(actuator.inputs)
+    # The simulator state is always part of the rollout even if a model ignores it.
+    need += [k for k in STATE_KEYS if k not in need]
+    return tuple(need)
+
+
+def _stack(episodes: Sequence[Episode], key: str, length: int, history: int) -> torch.Tensor:
+    """(B, history + length, n) float32: zero history in front; short episodes repeat
+    their last frame, which is harmless because their steps past the end are cut off."""
+    rows = []
+    for ep in episodes:
+        arr = np.nan_to_num(np.asarray(ep.frames[key], dtype=np.float32), nan=0.0)
+        tail = np.repeat(arr[-1:], length - len(arr), axis=0)
+        rows.append(np.concatenate([np.zeros((history, arr.shape[1]), np.float32), arr, tail]))
+    return torch.from_numpy(np.stack(rows))
+
+
+def rollout(actuator, sim, episodes: Sequence[Episode], history: int,
+            device: str = "cpu") -> list[Rollout]:
+    """Open-loop rollouts of all ``episodes`` at once (see the module docstring).
+
+    The actuator runs in eval mode (no dropout) and without autograd; its mode is restored.
+    """
+    was_training = actuator.training
+    actuator.eval()
+    try:
+        with torch.no_grad():
+            return _rollout(actuator, sim, episodes, history, device)
+    finally:
+        actuator.train(was_training)
+
+
+def _rollout(actuator, sim, episodes: Sequence[Episode], history: int,
+             device: str) -> list[Rollout]:
+    keys = model_inputs(actuator)
+    check_inputs(episodes, keys, simulated=STATE_KEYS)
+    length = max(ep.length for ep in episodes)
+    b = len(episodes)
+    h = history
+    recorded = {k: _stack(episodes, k, length, h).to(device)
+                for k in keys if k not in STATE_KEYS}
+    q0 = _stack(episodes, "q", length, h)[:, h].to(device)
+    n = q0.shape[1]
+    q_sim = torch.zeros(b, h + length, n, device=device)
+    qd_sim = torch.zeros(b, h + length, n, device=device)
+    q_sim[:, h] = q0
+    steps = length - 1
+    tau = torch.zeros(b, steps, n)
+    force = torch.zeros(b, steps, 3)
+    gate = torch.zeros(b, steps)
+    condition = torch.zeros(b, steps, n)
+    for i in range(steps):
+        window = {k: v[:, i:i + h + 1] for k, v in recorded.items()}
+        window["q"] = q_sim[:, i:i + h + 1]
+        window["qd"] = qd_sim[:, i:i + h + 1]
+        out = actuator(window)
+        q1, qd1 = sim.step(q_sim[:, h + i], qd_sim[:, h + i], out["tau"])
+        q_sim[:, h + i + 1] = q1
+        qd_sim[:, h + i + 1] = qd1
+        tau[:, i] = out["tau"].float().cpu()
+        force[:, i] = out["force"].float().cpu()
+        gate[:, i] = out["gate"].reshape(b).float().cpu()
+        condition[:, i] = out["condition"].float().cpu()
+    results = []
+    for j, ep in enumerate(episodes):
+        t = ep.length
+        results.append(Rollout(
+            q=q_sim[j, h:h + t].cpu().numpy().astype(np.float64),
+            qd=qd_sim[j, h:h + t].cpu().numpy().astype(np.float64),
+            tau=tau[j, :t - 1].numpy().astype(np.float64),
+            force=force[j, :t - 1].numpy().astype(np.float64),
+            gate=gate[j, :t - 1].numpy().astype(np.float64),
+            condition=condition[j, :t - 1].numpy().astype(np.float64),
+        ))
+    return results
+
+
+def _force_block(pred: np.ndarray, label: np.ndarray, horizons) -> dict:
+    err = M.force_errors(pred, label)
+    mae = M.prefix_mae(err.mean(axis=1), horizons)
+    mae_z = M.prefix_mae(err[:, 2], horizons)
+    axes = M.prefix_mae(err, horizons)
+    return {k: {"mae": float(mae[k]), "mae_z": float(mae_z[k]), "mae_axes": axes[k].tolist()}
+            for k in mae}
+
+
+def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
+                  linear: LinearForceReference | None = None,
+                  horizons: Sequence[int] = M.HORIZONS) -> dict:
+    """Every metric of one episode's rollout, in reported units (deg / mm / N)."""
+    q_true = ep.frames["q"][1:].astype(np.float64)
+    steps = len(q_true)
+    out: dict = {"task": ep.task, "episode_index": ep.index, "episodes": 1, "steps": steps}
+    out["joints"] = {
+        "model": {k: v.tolist() for k, v in
+                  M.prefix_mae(np.abs(ro.q[1:] - q_true) * scales, horizons).items()},
+        "command_following": {k: v.tolist() for k, v in M.prefix_mae(
+            np.abs(command_following(ep) - q_true) * scales, horizons).items()},
+    }
+
+    # Force, gate and condition labels of the frames the steps are scored against.
+    o = FORCE_LABEL_OFFSET
+    f_label = force_labels(ep)[o:o + steps]
+    out["force"] = {"model": _force_block(ro.force, f_label, horizons)}
+    f_lin = None
+    if linear is not None:
+        f_lin = linear.predict(ep)[:steps]
+        out["force"]["linear_regression"] = _force_block(f_lin, f_label, horizons)
+
+    labelled = np.isfinite(f_label).any(axis=1)
+    magnitude = np.linalg.norm(np.nan_to_num(f_label, nan=0.0), axis=1)
+    if labelled.any():
+        out["gate"] = M.binary_metrics(ro.gate[labelled],
+                                       magnitude[labelled] > M.CONTACT_THRESHOLD_N,
+                                       M.GATE_THRESHOLD)
+    no_contact_run = is_no_contact(ep)
+    quiet = np.ones(steps, bool) if no_contact_run else labelled & (
+        magnitude <= M.CONTACT_THRESHOLD_N)
+    out["false_contact"] = M.no_contact_metrics(ro.gate[quiet], ro.force[quiet])
+    if no_contact_run:
+        out["no_contact_run"] = {"model": M.no_contact_metrics(ro.gate, ro.force)}
+        if f_lin is not None:
+            lin = M.no_contact_metrics(np.zeros(steps), f_lin)
+            out["no_contact_run"]["linear_regression"] = {
+                "mean_force_norm": lin["mean_force_norm"],
+                "mean_abs_force": lin["mean_abs_force"]}
+
+    c_label = condition_labels(ep, ro.condition.shape[1])[o:o + steps]
+    known = np.isfinite(c_label)
+    if known.any():
+        # Positive class = degraded (label 0); the model says degraded when c < 0.5.
+        out["condition"] = M.binary_metrics(1.0 - ro.condition[known], c_label[known] < 0.5,
+                                            1.0 - M.DEGRADED_THRESHOLD)
+    return out

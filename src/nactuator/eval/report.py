@@ -1,0 +1,162 @@
+"""Markdown tables of an evaluation's metrics (the ``metrics.md`` the CLI prints)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+__all__ = ["markdown_report"]
+
+_METHOD_NAMES = {
+    "model": "model",
+    "command_following": "command following (q = goal)",
+    "linear_regression": "linear regression (train split)",
+}
+
+
+def _num(x, digits: int = 2) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{x:.{digits}f}"
+
+
+def _pct(x) -> str:
+    return "—" if x is None or math.isnan(x) else f"{100 * x:.1f} %"
+
+
+def _mean(values) -> float | None:
+    """Mean of reported numbers; None (shown as —) if any is missing, e.g. a diverged run."""
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)
+
+
+def _max(values) -> float | None:
+    return None if not values or any(v is None for v in values) else max(values)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def _horizons(block: Mapping) -> list[str]:
+    """Horizon keys present in a {method: {horizon: ...}} block, in protocol order."""
+    keys: list[str] = []
+    for per_method in block.values():
+        keys.extend(k for k in per_method if k not in keys)
+    return sorted(keys, key=lambda k: (k == "full", int(k[1:]) if k != "full" else 0))
+
+
+def joint_table(joints: Mapping, names: Sequence[str], units: Sequence[str],
+                arm: Sequence[int]) -> list[str]:
+    header = ["horizon", "method"] + [f"{n} ({u})" for n, u in zip(names, units, strict=True)]
+    header += ["arm mean (deg)", "worst arm joint (deg)"]
+    rows = []
+    for h in _horizons(joints):
+        for method, per_h in joints.items():
+            if h not in per_h:
+                continue
+            v = per_h[h]
+            arm_vals = [v[i] for i in arm]
+            rows.append([h, _METHOD_NAMES.get(method, method)] + [_num(x) for x in v]
+                        + [_num(_mean(arm_vals)), _num(_max(arm_vals))])
+    return _table(header, rows)
+
+
+def force_table(force: Mapping) -> list[str]:
+    rows = []
+    for h in _horizons(force):
+        for method, per_h in force.items():
+            if h in per_h:
+                r = per_h[h]
+                rows.append([h, _METHOD_NAMES.get(method, method), _num(r["mae"], 3),
+                             _num(r["mae_z"], 3)] + [_num(x, 3) for x in r["mae_axes"]])
+    return _table(["horizon", "method", "3-axis MAE (N)", "force-z MAE (N)", "x", "y", "z"],
+                  rows)
+
+
+def _binary_rows(name: str, m: Mapping) -> list[str]:
+    return [name, str(m["n"]), str(m["positives"]), _pct(m["accuracy"]), _pct(m["precision"]),
+            _pct(m["recall"]), _pct(m["f1"]), _num(m["auc"], 3)]
+
+
+def markdown_report(result: Mapping) -> str:
+    """The whole ``metrics.md`` from an evaluation result dict (see ``evaluation.evaluate``)."""
+    names = [c["name"] for c in result["channels"]]
+    units = [c["unit"] for c in result["channels"]]
+    arm = result["arm_indices"]
+    agg = result["aggregate"]
+    lines = [f"# Evaluation of `{result['checkpoint']}`", ""]
+    lines += [
+        f"- data: {', '.join(f'`{d}`' for d in result['data'])}; split **{result['split']}**; "
+        f"platform **{result['platform']}**",
+        f"- {result['episodes']} episode(s) in {len(agg['all']['tasks'])} task(s); "
+        f"{result['steps']} rollout steps; {result['wall_time_s']:.1f} s on {result['device']}",
+        "- protocol: one open-loop rollout per episode from frame 0 (q = recorded q[0], "
+        "qd = 0, zero-padded history; recorded commands/telemetry, simulated state slots); "
+        "joints of step i are scored against frame i+1, its force/gate/condition against "
+        "frame i (the window's current frame, as in training); MAE @W = mean over the first "
+        "W steps; mean over each task's episodes, then over tasks.",
+        "- force: mean over the 3 axes and time, unlabelled → 0 N (the reference convention).",
+    ]
+    lin = result["references"]["linear_regression"]
+    if "unavailable" in lin:
+        lines.append(f"- linear force regression: unavailable ({lin['unavailable']})")
+    else:
+        lines.append(f"- linear force regression: ridge λ={lin['ridge']:g} on "
+                     f"{lin['train_episodes']} train episode(s), {lin['train_frames']} frames")
+    for note in result.get("notes", []):
+        lines.append(f"- {note}")
+
+    mean = agg["all"]["mean"]
+    lines += ["", "## Joint rollout MAE (mean over tasks)", ""]
+    lines += joint_table(mean["joints"], names, units, arm)
+
+    groups = [("all tasks", agg["all"])]
+    if agg.get("contact") and agg.get("no_contact"):
+        groups = [("contact tasks", agg["contact"]), ("no-contact tasks", agg["no_contact"]),
+                  ("all tasks", agg["all"])]
+    for title, g in groups:
+        lines += ["", f"## Force MAE — {title} (mean over tasks)", ""]
+        lines += force_table(g["mean"]["force"])
+
+    binary_rows = []
+    if "gate" in mean:
+        binary_rows.append(_binary_rows("contact gate (\\|f\\| > 0.01 N)", mean["gate"]))
+    if "condition" in mean:
+        binary_rows.append(_binary_rows("condition (c < 0.5 = degraded)", mean["condition"]))
+    if binary_rows:
+        lines += ["", "## Classification (labelled frames, mean over tasks)", ""]
+        lines += _table(["head", "frames", "positives", "accuracy", "precision", "recall", "F1",
+                         "AUC"], binary_rows)
+
+    lines += ["", "## No contact", ""]
+    fc = mean["false_contact"]
+    rows = [["frames with no contact (labelled ≤ 0.01 N, or a no-contact run)",
+             str(fc["frames"]), _pct(fc["false_contact_rate"]), _num(fc["mean_force_norm"], 3),
+             "—"]]
+    if agg.get("no_contact"):
+        nc = agg["no_contact"]["mean"]["no_contact_run"]
+        lin_norm = nc.get("linear_regression", {}).get("mean_force_norm")
+        rows.append(["no-contact runs (whole episode)", str(nc["model"]["frames"]),
+                     _pct(nc["model"]["false_contact_rate"]),
+                     _num(nc["model"]["mean_force_norm"], 3), _num(lin_norm, 3)])
+    lines += _table(["frames", "n", "false-contact rate (gate > 0.5)", "model mean \\|f̂\\| (N)",
+                     "linear mean \\|f̂\\| (N)"], rows)
+
+    lines += ["", "## Per task (full trajectory)", ""]
+    rows = []
+    for task, m in agg["all"]["tasks"].items():
+        jm, jc = m["joints"]["model"]["full"], m["joints"]["command_following"]["full"]
+        f = m["force"]
+        rows.append([f"`{task}`", str(m["episodes"]), str(m["steps"]),
+                     _num(_mean([jm[i] for i in arm])),
+                     _num(_mean([jc[i] for i in arm])),
+                     _num(f["model"]["full"]["mae"], 3),
+                     _num(f.get("linear_regression", {}).get("full", {}).get("mae"), 3)])
+    lines += _table(["task", "episodes", "steps", "model arm MAE (deg)",
+                     "command following (deg)", "model force MAE (N)", "linear force MAE (N)"],
+                    rows)
+    return "\n".join(lines) + "\n"

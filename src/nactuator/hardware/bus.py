@@ -1,0 +1,317 @@
+"""The one interface the rest of nactuator uses to talk to a servo arm.
+
+A :class:`TelemetryBus` gives one :class:`TelemetryFrame` per cycle (Contract 1 units:
+rad / m, rad/s / m/s, effort in the platform's signal, V, degC, PWM duty) and takes one
+goal vector per cycle. Underneath, LeRobot's ``DynamixelMotorsBus`` / ``FeetechMotorsBus``
+open the port, check every servo (ping + model number), switch torque and write goals —
+so a LeRobot calibration file works unchanged — while the telemetry block is read with
+one vendor-SDK group read per cycle (see ``dynamixel.py`` and ``feetech.py``).
+
+    with open_bus(platform, "/dev/ttyUSB0") as bus:
+        frame = bus.read()            # TelemetryFrame
+        bus.write_goal(frame.q)       # hold position
+"""
+
+from __future__ import annotations
+
+import abc
+import errno
+import fcntl
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from nactuator.platforms import Platform, load_platform
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "BusError",
+    "HardwareAlert",
+    "PortError",
+    "ServoMissingError",
+    "TelemetryBus",
+    "TelemetryFrame",
+    "WrongModelError",
+    "open_bus",
+]
+
+
+class BusError(RuntimeError):
+    """A servo bus problem; the message says which port/servo/register and what to check."""
+
+
+class PortError(BusError):
+    """The serial port does not exist, cannot be opened, or another process holds it."""
+
+
+class ServoMissingError(BusError):
+    """A configured servo ID does not answer."""
+
+
+class WrongModelError(BusError):
+    """A servo answers with a model number other than the platform's."""
+
+
+class HardwareAlert(BusError):
+    """A servo latched a hardware error (overload, overheating, input voltage, ...)."""
+
+
+@dataclass
+class TelemetryFrame:
+    """One cycle of telemetry, one value per channel in the platform's order.
+
+    ``valid[i]`` is False when motor i's telemetry could not be read this cycle; its values
+    are then NaN (never the previous reading). ``errors`` maps servo id -> the hardware
+    error text that servo reported this cycle.
+    """
+
+    t: float  # time.monotonic() when the read completed [s]
+    q: np.ndarray
+    qd: np.ndarray
+    effort: np.ndarray
+    voltage: np.ndarray
+    temperature: np.ndarray
+    pwm: np.ndarray
+    current: np.ndarray
+    valid: np.ndarray
+    errors: dict[int, str] = field(default_factory=dict)
+    read_s: float = 0.0  # wall time the read took
+
+    @classmethod
+    def empty(cls, n: int) -> TelemetryFrame:
+        nan = np.full(n, np.nan)
+        return cls(time.monotonic(), nan.copy(), nan.copy(), nan.copy(), nan.copy(),
+                   nan.copy(), nan.copy(), nan.copy(), np.zeros(n, dtype=bool))
+
+
+def _lock_port(port: str) -> int:
+    """Open the device and take an exclusive advisory lock, so two nactuator processes
+    never share one bus (interleaved packets corrupt both). Returns the fd to keep."""
+    if not os.path.exists(port):
+        raise PortError(
+            f"serial port {port!r} does not exist: check the USB cable and the adapter "
+            "(U2D2 / Feetech board), and the path (ls /dev/ttyUSB* /dev/ttyACM*; for an "
+            "emulator, the path it printed)")
+    try:
+        fd = os.open(port, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+    except PermissionError as e:
+        raise PortError(f"no permission to open {port!r}: add your user to the 'dialout' "
+                        "group (sudo usermod -aG dialout $USER) and log in again") from e
+    except OSError as e:
+        raise PortError(f"cannot open serial port {port!r}: {e.strerror}") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise PortError(f"serial port {port!r} is busy: another nactuator process "
+                            "(record/live/bench) is using it; stop it first") from e
+        raise PortError(f"cannot lock serial port {port!r}: {e.strerror}") from e
+    return fd
+
+
+def load_calibration(path: str | Path | None) -> dict | None:
+    """A LeRobot calibration JSON ``{motor: {id, drive_mode, homing_offset, range_min,
+    range_max}}`` (written by ``lerobot-calibrate``), or None."""
+    if path is None:
+        return None
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError as e:
+        raise BusError(f"calibration file {p} does not exist") from e
+    except json.JSONDecodeError as e:
+        raise BusError(f"calibration file {p} is not valid JSON: {e}") from e
+    keys = {"id", "drive_mode", "homing_offset", "range_min", "range_max"}
+    for motor, entry in raw.items():
+        if not isinstance(entry, dict) or not keys <= set(entry):
+            raise BusError(f"calibration file {p}: motor {motor!r} needs the fields "
+                           f"{sorted(keys)}, got {entry!r}")
+    return raw
+
+
+class TelemetryBus(abc.ABC):
+    """One servo arm on one serial port. Subclasses fill in the protocol specifics."""
+
+    def __init__(self, platform: Platform, port: str, calibration: dict | None = None,
+                 torque: bool | None = None) -> None:
+        self.platform = platform
+        self.port = port
+        hw = platform.hardware
+        self.ids: list[int] = [int(i) for i in hw["ids"]]
+        if len(self.ids) != platform.n:
+            raise BusError(f"{platform.source}: hardware.ids lists {len(self.ids)} servos for "
+                           f"{platform.n} channels {platform.channel_names}")
+        self.names = platform.channel_names
+        self.calibration = calibration
+        self.baudrate = int(hw.get("baudrate", 1_000_000))
+        self.rx_timeout_ms = float(hw.get("rx_timeout_ms", 12.0))
+        self.dead_after = int(hw.get("dead_after_failures", 3))
+        self.reprobe_s = float(hw.get("reprobe_interval_s", 1.0))
+        self._torque_request = torque
+        self._lock_fd = -1
+        self._failures = dict.fromkeys(self.ids, 0)
+        self._absent: dict[int, float] = {}  # servo id -> when to probe it again
+        self._reported: set[tuple[int, str]] = set()
+        self.counters = {"reads": 0, "incomplete": 0, "retries": 0, "checksum_errors": 0,
+                         "timeouts": 0}
+
+    # --- lifecycle --------------------------------------------------------------------
+    def connect(self) -> TelemetryBus:
+        self._lock_fd = _lock_port(self.port)
+        try:
+            self._connect()
+            if self._torque_request is not None:
+                self.set_torque(self._torque_request)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        try:
+            self._close()
+        finally:
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+
+    def __enter__(self) -> TelemetryBus:
+        return self.connect()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- per cycle --------------------------------------------------------------------
+    def read(self) -> TelemetryFrame:
+        """Read every servo's telemetry once. Servos that stopped answering are skipped
+        (their channels invalid) and re-probed every ``reprobe_interval_s``."""
+        t0 = time.perf_counter()
+        now = time.monotonic()
+        wanted = [i for i in self.ids if self._absent.get(i, 0.0) <= now]
+        blocks, errors = self._read_blocks(wanted) if wanted else ({}, {})
+        missing = [i for i in wanted if i not in blocks]
+        if missing:
+            # One retry, servo by servo: a read has no side effect, so it is always safe.
+            self.counters["retries"] += 1
+            more, more_err = self._read_each(missing)
+            blocks.update(more)
+            errors.update(more_err)
+        frame = TelemetryFrame.empty(len(self.ids))
+        for k, sid in enumerate(self.ids):
+            if sid in blocks:
+                self._decode(k, blocks[sid], frame)
+                frame.valid[k] = True
+                self._note_alive(sid)
+            elif sid in wanted:
+                self._note_failure(sid)
+        for sid, err in errors.items():
+            if err:
+                frame.errors[sid] = err
+                self._report_once(sid, err)
+        self.counters["reads"] += 1
+        if not frame.valid.all():
+            self.counters["incomplete"] += 1
+        frame.t = time.monotonic()
+        frame.read_s = time.perf_counter() - t0
+        return frame
+
+    def wait_ready(self, timeout: float = 1.0) -> TelemetryFrame:
+        """Read until every servo answers (or ``timeout`` s); returns the last frame."""
+        t_end = time.monotonic() + timeout
+        frame = self.read()
+        while not frame.valid.all() and time.monotonic() < t_end:
+            frame = self.read()
+        return frame
+
+    def _note_alive(self, sid: int) -> None:
+        if sid in self._absent:
+            log.warning("servo %d (%s) answers again; its telemetry is valid from now on",
+                        sid, self._name(sid))
+            self._reported.discard((sid, "absent"))
+        self._absent.pop(sid, None)
+        self._failures[sid] = 0
+
+    def _note_failure(self, sid: int) -> None:
+        self._failures[sid] += 1
+        if self._failures[sid] >= self.dead_after:
+            self._absent[sid] = time.monotonic() + self.reprobe_s
+            self._report_once(sid, "absent", (
+                f"servo {sid} ({self._name(sid)}) on {self.port} stopped answering "
+                f"({self._failures[sid]} reads of its telemetry block {self.telemetry_span} "
+                "failed in a row): check its cable, the daisy chain before it and its power. "
+                f"Its channel is recorded with telemetry_valid=0; probing again every "
+                f"{self.reprobe_s:g} s"))
+
+    def _report_once(self, sid: int, key: str, message: str | None = None) -> None:
+        if (sid, key) in self._reported:
+            return
+        self._reported.add((sid, key))
+        log.warning(message or f"servo {sid} ({self._name(sid)}) on {self.port} reports a "
+                    f"hardware error: {key}")
+
+    def _name(self, sid: int) -> str:
+        return self.names[self.ids.index(sid)]
+
+    @property
+    def absent_ids(self) -> list[int]:
+        return sorted(self._absent)
+
+    # --- what subclasses implement ----------------------------------------------------
+    telemetry_span: str = ""  # e.g. "124..146 (23 bytes)", for messages
+
+    @abc.abstractmethod
+    def _connect(self) -> None: ...
+
+    @abc.abstractmethod
+    def _close(self) -> None: ...
+
+    @abc.abstractmethod
+    def _read_blocks(self, ids: list[int]) -> tuple[dict[int, bytes], dict[int, str]]:
+        """One group read of the telemetry block: ({id: bytes}, {id: error text or ''})."""
+
+    @abc.abstractmethod
+    def _read_each(self, ids: list[int]) -> tuple[dict[int, bytes], dict[int, str]]:
+        """The same block read servo by servo (the fallback when a group read failed)."""
+
+    @abc.abstractmethod
+    def _decode(self, k: int, block: bytes, frame: TelemetryFrame) -> None: ...
+
+    @abc.abstractmethod
+    def write_goal(self, q: np.ndarray) -> None:
+        """Command joint targets (SI, channel order) with one sync write, no reply."""
+
+    @abc.abstractmethod
+    def set_torque(self, enabled: bool) -> None: ...
+
+    @abc.abstractmethod
+    def read_goal(self) -> np.ndarray:
+        """The goal position each servo currently holds (SI)."""
+
+
+def open_bus(platform: str | Platform, port: str, calibration: str | Path | None = None,
+             torque: bool | None = None) -> TelemetryBus:
+    """The telemetry bus for a platform (``hardware.bus`` in its YAML), not yet connected.
+
+    ``calibration``: a LeRobot calibration JSON (Feetech: sets each joint's zero at the
+    middle of its calibrated range, as NAD and LeRobot do). ``torque``: switch torque
+    on/off at connect (None leaves it as it is).
+    """
+    p = platform if isinstance(platform, Platform) else load_platform(platform)
+    kind = p.hardware.get("bus")
+    cal = load_calibration(calibration)
+    if kind == "dynamixel":
+        from nactuator.hardware.dynamixel import DynamixelTelemetryBus
+
+        return DynamixelTelemetryBus(p, port, cal, torque)
+    if kind == "feetech":
+        from nactuator.hardware.feetech import FeetechTelemetryBus
+
+        return FeetechTelemetryBus(p, port, cal, torque)
+    raise BusError(f"{p.source}: hardware.bus must be 'dynamixel' or 'feetech', got {kind!r}")

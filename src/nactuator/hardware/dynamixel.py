@@ -1,0 +1,241 @@
+"""OpenManipulator-X bus: DYNAMIXEL XM430-W350 servos, Protocol 2.0.
+
+LeRobot's ``DynamixelMotorsBus`` opens the port, pings and checks each servo, switches
+torque and sync-writes goals. Telemetry is one FAST_SYNC_READ of the contiguous block
+124..146 (23 bytes: PWM, current, velocity, position, both trajectories, voltage,
+temperature) per cycle, sent with ``dynamixel_sdk``'s packet handler: LeRobot reads one
+register per sync read and cannot see the per-servo error byte. Units: ``units.py``.
+"""
+
+from __future__ import annotations
+
+import dynamixel_sdk as dxl
+import numpy as np
+from lerobot.motors import Motor, MotorCalibration, MotorNormMode
+from lerobot.motors.dynamixel import DynamixelMotorsBus
+
+from nactuator.hardware import units
+from nactuator.hardware.bus import (
+    BusError,
+    HardwareAlert,
+    ServoMissingError,
+    TelemetryBus,
+    TelemetryFrame,
+    WrongModelError,
+)
+
+TELEMETRY_ADDR, TELEMETRY_LEN = 124, 23
+HW_ERROR_ADDR = 70
+FAST_SYNC_MIN_FIRMWARE = 45
+HW_ERROR_BITS = {0: "input voltage", 2: "overheating", 3: "motor encoder",
+                 4: "electrical shock", 5: "overload"}
+HW_ERROR_ADVICE = {
+    0: "check the supply (12 V, enough current) and the voltage limits (registers 32/34)",
+    2: "let it cool down; reduce load or duty cycle",
+    3: "the motor encoder failed: contact ROBOTIS",
+    4: "electrical shock/short: check wiring and supply",
+    5: "it was overloaded: remove the blocking load; check Current Limit (38)",
+}
+
+
+def hardware_error_text(status: int) -> str:
+    bits = [b for b in HW_ERROR_BITS if status & (1 << b)]
+    if not bits:
+        return f"Hardware Error Status 0x{status:02X}"
+    parts = "; ".join(f"{HW_ERROR_BITS[b]} ({HW_ERROR_ADVICE[b]})" for b in bits)
+    return (f"Hardware Error Status (register 70) = 0x{status:02X}: {parts}. The firmware "
+            "switched torque off; clear it with a REBOOT instruction or a power cycle")
+
+
+def _s(raw: int, bits: int) -> int:
+    return raw - (1 << bits) if raw & (1 << (bits - 1)) else raw
+
+
+class DynamixelTelemetryBus(TelemetryBus):
+    telemetry_span = "124..146 (23 bytes)"
+
+    def __init__(self, platform, port, calibration=None, torque=None) -> None:
+        super().__init__(platform, port, calibration, torque)
+        hw = platform.hardware
+        self.model = str(hw.get("servo", "xm430_w350")).replace("_", "-")
+        self.model_number = int(hw.get("model_number", 1020))
+        self.units = [units.xm430_units(c.kind == "prismatic") for c in platform.channels]
+        self.effort_signal = platform.effort_signal
+        self.use_fast = bool(hw.get("fast_sync_read", True))
+        self.lo = np.array([c.limit_lower for c in platform.channels])
+        self.hi = np.array([c.limit_upper for c in platform.channels])
+        motors = {n: Motor(i, self.model, MotorNormMode.RANGE_M100_100)
+                  for n, i in zip(self.names, self.ids, strict=True)}
+        cal = None
+        if calibration:
+            cal = {n: MotorCalibration(**{k: int(v) for k, v in calibration[n].items()})
+                   for n in self.names if n in calibration}
+        self.lerobot = DynamixelMotorsBus(port, motors, calibration=cal)
+        self._ph = self.lerobot.packet_handler
+        self._port = self.lerobot.port_handler
+        self._alerts: dict[int, str] = {}
+
+    # --- lifecycle --------------------------------------------------------------------
+    def _connect(self) -> None:
+        self._port.baudrate = self.baudrate
+        try:
+            self.lerobot.connect(handshake=False)
+        except ConnectionError as e:
+            raise BusError(f"could not open {self.port} at {self.baudrate} baud: {e}") from e
+        self._check_servos()
+
+    def _check_servos(self) -> None:
+        missing, wrong, firmware = [], [], {}
+        for name, sid in zip(self.names, self.ids, strict=True):
+            found = self.lerobot.ping(sid, num_retry=2)
+            if found is None:
+                missing.append(f"{sid} ({name})")
+            elif found != self.model_number:
+                wrong.append(f"{sid} ({name}): model number {found}, expected "
+                             f"{self.model_number} ({self.model})")
+            else:
+                fw, comm, _ = self._ph.read1ByteTxRx(self._port, sid, 6)
+                firmware[sid] = fw if comm == dxl.COMM_SUCCESS else 0
+        where = f"{self.platform.source}: hardware.ids"
+        if missing:
+            raise ServoMissingError(
+                f"no answer on {self.port} from servo id(s) {', '.join(missing)} (ping at "
+                f"{self.baudrate} baud, 3 tries): check power (12 V), the daisy-chain cable, "
+                f"that the ID and baud rate match {where} (DYNAMIXEL Wizard can scan)")
+        if wrong:
+            raise WrongModelError(f"wrong servo model on {self.port}: {'; '.join(wrong)}. "
+                                  f"Is this the right arm/port for {self.platform.name!r}?")
+        old = [sid for sid, fw in firmware.items() if fw < FAST_SYNC_MIN_FIRMWARE]
+        if old and self.use_fast:
+            self.use_fast = False  # fast sync read needs firmware >= 45: plain sync read
+
+    def _close(self) -> None:
+        if self._port.is_open:
+            self._port.closePort()
+
+    # --- telemetry ----------------------------------------------------------------------
+    def _rx(self, fast: bool) -> tuple[list[int], int]:
+        return self._ph.rxPacket(self._port, fast)
+
+    def _read_blocks(self, ids: list[int]) -> tuple[dict[int, bytes], dict[int, str]]:
+        port = self._port
+        port.ser.reset_input_buffer()  # drop late replies of a timed-out earlier cycle
+        fast = self.use_fast
+        result = self._ph.syncReadTx(port, TELEMETRY_ADDR, TELEMETRY_LEN, ids, len(ids), fast)
+        if result != dxl.COMM_SUCCESS:
+            port.is_using = False
+            return {}, {}
+        port.setPacketTimeoutMillis(self.rx_timeout_ms)
+        blocks: dict[int, bytes] = {}
+        errors: dict[int, str] = {}
+        if fast:
+            rx, result = self._rx(True)
+            self._count(result)
+            if result == dxl.COMM_SUCCESS:
+                k, step = 8, TELEMETRY_LEN + 4  # after header(4) ID LEN(2) 0x55; ERR ID DATA CRC
+                for _ in ids:
+                    if k + step > len(rx) or rx[k + 1] not in ids:
+                        return {}, {}  # malformed: let the per-servo retry decide
+                    blocks[rx[k + 1]] = bytes(rx[k + 2 : k + 2 + TELEMETRY_LEN])
+                    errors[rx[k + 1]] = self._error_text(rx[k + 1], rx[k])
+                    k += step
+            return blocks, errors
+        while len(blocks) < len(ids):
+            rx, result = self._rx(False)
+            self._count(result)
+            if result == dxl.COMM_RX_TIMEOUT or (result != dxl.COMM_SUCCESS
+                                                  and port.isPacketTimeout()):
+                break
+            if result == dxl.COMM_SUCCESS and rx[4] in ids:
+                blocks[rx[4]] = bytes(rx[9 : 9 + TELEMETRY_LEN])
+                errors[rx[4]] = self._error_text(rx[4], rx[8])
+        return blocks, errors
+
+    def _read_each(self, ids: list[int]) -> tuple[dict[int, bytes], dict[int, str]]:
+        blocks, errors = {}, {}
+        for sid in ids:
+            self._port.ser.reset_input_buffer()
+            if self._ph.readTx(self._port, sid, TELEMETRY_ADDR, TELEMETRY_LEN) != dxl.COMM_SUCCESS:
+                self._port.is_using = False
+                continue
+            self._port.setPacketTimeoutMillis(self.rx_timeout_ms)
+            while True:
+                rx, result = self._rx(False)
+                self._count(result)
+                if result != dxl.COMM_SUCCESS or rx[4] == sid:
+                    break
+            if result == dxl.COMM_SUCCESS and len(rx) >= 9 + TELEMETRY_LEN:
+                blocks[sid] = bytes(rx[9 : 9 + TELEMETRY_LEN])
+                errors[sid] = self._error_text(sid, rx[8])
+        return blocks, errors
+
+    def _count(self, result: int) -> None:
+        if result == dxl.COMM_RX_CORRUPT:
+            self.counters["checksum_errors"] += 1
+        elif result == dxl.COMM_RX_TIMEOUT:
+            self.counters["timeouts"] += 1
+
+    def _error_text(self, sid: int, err: int) -> str:
+        """'' if fine. The Alert bit (7) means a latched hardware error: read register 70
+        once to say which (that costs one extra read, only when it first appears)."""
+        if err & 0x7F:
+            return f"status error: {self._ph.getRxPacketError(err & 0x7F)}"
+        if not err & 0x80:
+            self._alerts.pop(sid, None)
+            return ""
+        if sid not in self._alerts:
+            status = self.read_hardware_error(sid)
+            self._alerts[sid] = hardware_error_text(status if status is not None else 0)
+        return self._alerts[sid]
+
+    def read_hardware_error(self, sid: int) -> int | None:
+        self._port.ser.reset_input_buffer()
+        value, comm, _ = self._ph.read1ByteTxRx(self._port, sid, HW_ERROR_ADDR)
+        return value if comm == dxl.COMM_SUCCESS else None
+
+    def _decode(self, k: int, b: bytes, f: TelemetryFrame) -> None:
+        pwm = _s(b[0] | b[1] << 8, 16)
+        cur = _s(b[2] | b[3] << 8, 16)
+        vel = _s(int.from_bytes(b[4:8], "little"), 32)
+        pos = _s(int.from_bytes(b[8:12], "little"), 32)
+        u = self.units[k]
+        f.q[k] = u.position(pos)
+        f.qd[k] = u.velocity(vel)
+        f.current[k] = cur * units.XM430_A_PER_UNIT
+        f.pwm[k] = pwm / units.XM430_PWM_FULL
+        f.voltage[k] = (b[20] | b[21] << 8) * units.VOLT_PER_UNIT
+        f.temperature[k] = b[22]
+        f.effort[k] = f.pwm[k] if self.effort_signal == "pwm" else f.current[k]
+
+    # --- commands -----------------------------------------------------------------------
+    def write_goal(self, q: np.ndarray) -> None:
+        q = np.clip(np.asarray(q, dtype=float), self.lo, self.hi)
+        raw = {n: self.units[k].raw_position(q[k]) for k, n in enumerate(self.names)
+               if np.isfinite(q[k]) and self.ids[k] not in self._absent}
+        if raw:
+            self.lerobot.sync_write("Goal_Position", raw, normalize=False)
+
+    def read_goal(self) -> np.ndarray:
+        raw = self.lerobot.sync_read("Goal_Position", normalize=False, num_retry=2)
+        return np.array([self.units[k].position(raw[n]) for k, n in enumerate(self.names)])
+
+    def set_torque(self, enabled: bool) -> None:
+        try:
+            if enabled:
+                self.lerobot.enable_torque(num_retry=2)
+            else:
+                self.lerobot.disable_torque(num_retry=2)
+        except (RuntimeError, ConnectionError) as e:
+            raise self._diagnose(f"switching torque {'on' if enabled else 'off'}", e) from e
+
+    def _diagnose(self, action: str, err: Exception) -> BusError:
+        alerts = []
+        for name, sid in zip(self.names, self.ids, strict=True):
+            status = self.read_hardware_error(sid)
+            if status is None:
+                alerts.append(f"servo {sid} ({name}) does not answer")
+            elif status:
+                alerts.append(f"servo {sid} ({name}): {hardware_error_text(status)}")
+        if alerts:
+            return HardwareAlert(f"{action} on {self.port} failed: " + " | ".join(alerts))
+        return BusError(f"{action} on {self.port} failed: {err}")

@@ -1,0 +1,312 @@
+"""A virtual servo arm on a pseudo-terminal.
+
+The SDKs open the pty's slave end like any serial port; a daemon thread reads the master
+end, lets the servo firmware (:mod:`.servos`) answer, and between packets steps the arm
+model in real time and copies its state into the control tables (servos.md §8).
+
+    with Emulator("feetech", "so101", arm="reference") as emu:
+        bus = FeetechMotorsBus(emu.port, ...)
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import threading
+import time
+import tty
+from pathlib import Path
+
+import numpy as np
+
+from nactuator.hardware import units
+from nactuator.hardware.control_table import SPEC_BY_BUS, ControlTable
+from nactuator.hardware.emulator.arm import ArmModel, ReferenceArm, ScriptedLeader
+from nactuator.hardware.emulator.faults import Faults
+from nactuator.hardware.emulator.servos import DynamixelServos, FeetechServos
+from nactuator.hardware.protocol import dxl2, scs
+from nactuator.hardware.timing import sleep_until
+from nactuator.platforms import Platform, load_platform
+
+# Baud_Rate register codes (XM430 e-manual; STS per LeRobot's table).
+DXL_BAUD = {0: 9_600, 1: 57_600, 2: 115_200, 3: 1_000_000, 4: 2_000_000, 5: 3_000_000,
+            6: 4_000_000}
+STS_BAUD = {0: 1_000_000, 1: 500_000, 2: 250_000, 3: 128_000, 4: 115_200, 5: 57_600,
+            6: 38_400, 7: 19_200}
+# Overload: XM430 Hardware Error Status bit 5; STS3215 status bit 5.
+DXL_HW_OVERLOAD, DXL_HW_VOLTAGE = 0x20, 0x01
+
+
+def make_arm(kind: str, platform: Platform, seed: int, supply_voltage: float) -> ArmModel:
+    """``world`` (the hidden ground truth), ``reference`` (first-order servo) or ``leader``."""
+    if kind == "leader":
+        return ScriptedLeader(platform, seed=seed, supply_voltage=supply_voltage)
+    if kind == "reference":
+        return ReferenceArm(platform, supply_voltage=supply_voltage)
+    if kind == "world":
+        from nactuator.hardware.emulator.world_arm import WorldArm
+
+        return WorldArm(platform, seed=seed)
+    raise ValueError(f"unknown arm model {kind!r}: expected 'world', 'reference' or 'leader'")
+
+
+class Emulator:
+    """Virtual arm: ``bus`` 'dynamixel' (XM430) or 'feetech' (STS3215) on a pty.
+
+    ``arm``: an :class:`ArmModel` or a name for :func:`make_arm` (default 'world' for a
+    follower, 'leader' with ``leader=True``). ``bus_timing`` adds wire time at the
+    configured baud rate plus each servo's Return Delay Time before each reply.
+    """
+
+    def __init__(self, bus: str, platform: str | Platform, seed: int = 0, *,
+                 arm: str | ArmModel | None = None, leader: bool = False,
+                 bus_timing: bool = False, faults: Faults | None = None,
+                 link: str | Path | None = None) -> None:
+        self.platform = platform if isinstance(platform, Platform) else load_platform(platform)
+        hw = self.platform.hardware
+        if bus not in SPEC_BY_BUS:
+            raise ValueError(f"bus must be 'dynamixel' or 'feetech', got {bus!r}")
+        if hw.get("bus") != bus:
+            raise ValueError(f"platform {self.platform.name!r} uses the {hw.get('bus')!r} bus "
+                             f"({self.platform.source}: hardware.bus), not {bus!r}")
+        self.bus = bus
+        self.spec = SPEC_BY_BUS[bus]
+        self.ids = [int(i) for i in hw["ids"]]
+        self.faults = faults or Faults(seed=seed)
+        self.bus_timing = bus_timing
+        self.link = Path(link) if link else None
+        emu_conf = hw.get("emulator", {})
+        supply = float(emu_conf.get("supply_voltage", 12.0))
+        if arm is None:
+            arm = "leader" if leader else "world"
+        if isinstance(arm, str):
+            arm = make_arm(arm, self.platform, seed, supply)
+        self.arm: ArmModel = arm
+        self.units = [units.motor_units(bus, c.kind == "prismatic") for c in self.platform.channels]
+        self.tables = {sid: ControlTable(self.spec, sid) for sid in self.ids}
+        for t in self.tables.values():
+            t.set("Return_Delay_Time", int(emu_conf.get("return_delay_time", 0)))
+        if bus == "dynamixel":
+            self.firmware = DynamixelServos(self.tables, self.faults.dead_ids)
+            self._reader = dxl2.PacketReader()
+        else:
+            self.firmware = FeetechServos(self.tables, self.faults.dead_ids)
+            self._reader = scs.PacketReader()
+        self.stats = {"packets": 0, "replies": 0, "dropped": 0, "corrupted": 0,
+                      "physics_steps": 0, "physics_behind": 0}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._master = self._slave = -1
+        self.port = ""
+        self._sync_registers(first=True)
+        self._apply_commands()
+
+    # --- lifecycle ------------------------------------------------------------------
+    # In-process clients busy-poll the port while holding the GIL; at Python's default 5 ms
+    # switch interval a reply needing a few GIL hand-overs could miss the SDK's 34 ms
+    # timeout. While an emulator runs in this process, hand the GIL over every 0.2 ms.
+    SWITCH_INTERVAL = 2e-4
+    _running = 0
+    _saved_switch = 0.005
+
+    def start(self) -> Emulator:
+        if Emulator._running == 0:
+            Emulator._saved_switch = sys.getswitchinterval()
+            sys.setswitchinterval(self.SWITCH_INTERVAL)
+        Emulator._running += 1
+        self._master, self._slave = os.openpty()
+        # Raw mode before any client opens the slave: no echo, no CR/NL translation.
+        tty.setraw(self._slave)
+        self.port = os.ttyname(self._slave)
+        if self.link:
+            tmp = self.link.with_name(self.link.name + ".tmp")
+            if tmp.is_symlink() or tmp.exists():
+                tmp.unlink()
+            os.symlink(self.port, tmp)
+            os.replace(tmp, self.link)
+        self._thread = threading.Thread(target=self._run, name=f"emulator-{self.bus}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            Emulator._running -= 1
+            if Emulator._running == 0:
+                sys.setswitchinterval(Emulator._saved_switch)
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=2.0)
+            self._thread = None
+        for fd in (self._master, self._slave):
+            if fd >= 0:
+                os.close(fd)
+        self._master = self._slave = -1
+        if self.link and self.link.is_symlink():
+            self.link.unlink()
+
+    def __enter__(self) -> Emulator:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def set_dead(self, servo_id: int, dead: bool = True) -> None:
+        """Make a servo stop (or resume) answering, e.g. mid-recording."""
+        with self._lock:
+            (self.faults.dead_ids.add if dead else self.faults.dead_ids.discard)(servo_id)
+
+    def set_alert(self, servo_id: int, alert: bool = True) -> None:
+        with self._lock:
+            (self.faults.alert_ids.add if alert else self.faults.alert_ids.discard)(servo_id)
+
+    # --- the loop -------------------------------------------------------------------
+    # The arm model advances in its own steps, at most every STEP_INTERVAL of wall time
+    # (batching steps saves wake-ups); registers are refreshed from it only when a packet
+    # arrives and the model moved since the last refresh, because reading the world's
+    # telemetry costs as much as a physics step.
+    STEP_INTERVAL = 0.002
+    MAX_CATCHUP = 10  # physics steps; beyond this the model's clock slips
+
+    def _run(self) -> None:
+        tick = float(getattr(self.arm, "dt", 0.002))
+        t_model = time.perf_counter()
+        stale = False
+        while not self._stop.is_set():
+            wake = t_model + max(tick, self.STEP_INTERVAL)
+            timeout = max(0.0, wake - time.perf_counter())
+            try:
+                ready, _, _ = select.select([self._master], [], [], timeout)
+            except (OSError, ValueError):
+                return
+            if ready:
+                try:
+                    data = os.read(self._master, 4096)
+                except OSError:
+                    return
+                rx_done = time.perf_counter()
+                with self._lock:
+                    packets = self._reader.feed(data)
+                    if packets and stale:
+                        self._sync_registers()
+                        stale = False
+                    replies = [(r, len(data)) for p in packets for r in self._answer(p)]
+                    if packets:
+                        self._apply_commands()
+                self._send(replies, rx_done)
+            now = time.perf_counter()
+            if now >= wake:
+                steps = int((now - t_model) / tick)
+                if steps > self.MAX_CATCHUP:
+                    # The model cannot keep real time (loaded machine): let its clock slip
+                    # rather than stall the bus catching up.
+                    self.stats["physics_behind"] += 1
+                    t_model = now - self.MAX_CATCHUP * tick
+                    steps = self.MAX_CATCHUP
+                for _ in range(steps):
+                    with self._lock:
+                        self.arm.step(tick)
+                    t_model += tick
+                    self.stats["physics_steps"] += 1
+                    stale = True
+                    if select.select([self._master], [], [], 0)[0]:
+                        break  # a request is waiting: answer it before stepping on
+
+    def _answer(self, packet) -> list[bytes]:
+        self.stats["packets"] += 1
+        return self.firmware.handle(packet)
+
+    def _baud(self) -> int:
+        code = self.tables[self.ids[0]].get("Baud_Rate")
+        return (DXL_BAUD if self.bus == "dynamixel" else STS_BAUD).get(code, 1_000_000)
+
+    def _send(self, replies: list[tuple[bytes, int]], rx_done: float) -> None:
+        due = rx_done + self.faults.latency_ms / 1000.0
+        byte_time = 10.0 / self._baud()
+        for reply, request_len in replies:
+            if self.bus_timing:
+                sid = reply[4] if self.bus == "dynamixel" else reply[2]
+                table = self.tables.get(sid, self.tables[self.ids[0]])
+                return_delay = 2e-6 * table.get("Return_Delay_Time")
+                due += request_len * byte_time + return_delay + len(reply) * byte_time
+                request_len = 0  # the request crosses the wire once
+            if self.faults.drop():
+                self.stats["dropped"] += 1
+                continue
+            if self.faults.corrupt():
+                self.stats["corrupted"] += 1
+                reply = reply[:-1] + bytes([reply[-1] ^ 0xFF])
+            sleep_until(due)
+            try:
+                os.write(self._master, reply)
+            except OSError:
+                return
+            self.stats["replies"] += 1
+
+    # --- registers <-> arm model ----------------------------------------------------
+    def _apply_commands(self) -> None:
+        goal = np.empty(len(self.ids))
+        enabled = np.empty(len(self.ids), dtype=bool)
+        for i, sid in enumerate(self.ids):
+            t = self.tables[sid]
+            offset = t.get("Homing_Offset")
+            # XM430: Present = Actual + Offset; STS3215: Present = Actual - Offset.
+            actual = t.get("Goal_Position") - offset if self.bus == "dynamixel" else \
+                t.get("Goal_Position") + offset
+            goal[i] = self.units[i].position(actual)
+            enabled[i] = t.get("Torque_Enable") != 0
+        self.arm.set_goal(goal)
+        self.arm.set_torque_enabled(enabled)
+
+    def _sync_registers(self, first: bool = False) -> None:
+        s = self.arm.state()
+        # Effort fraction for the sag: the load register where the servo has one, else PWM.
+        effort = np.abs(np.where(np.isfinite(s.load), s.load, np.nan_to_num(s.pwm)))
+        sag = self.faults.voltage_sag * float(np.clip(effort.max(initial=0.0), 0.0, 1.0))
+        tick_ms = int(time.perf_counter() * 1000) % 32768
+        for i, sid in enumerate(self.ids):
+            t, u = self.tables[sid], self.units[i]
+            volts = max(0.0, float(s.voltage[i]) - sag)
+            offset = t.get("Homing_Offset")
+            raw_q = u.raw_position(float(s.q[i]))
+            if self.bus == "dynamixel":
+                t.set("Present_Position", raw_q + offset)
+                if first:
+                    t.set("Goal_Position", raw_q + offset)
+                t.set("Present_Velocity", u.raw_velocity(float(s.qd[i])))
+                t.set("Present_Current", round(float(s.current[i]) / units.XM430_A_PER_UNIT))
+                t.set("Present_PWM", round(float(np.nan_to_num(s.pwm[i])) * units.XM430_PWM_FULL))
+                t.set("Present_Input_Voltage", round(volts / units.VOLT_PER_UNIT))
+                t.set("Present_Temperature", round(float(s.temperature[i])))
+                t.set("Position_Trajectory", t.get("Goal_Position"))
+                t.set("Realtime_Tick", tick_ms)
+                moving = abs(float(s.qd[i])) > 0.02
+                t.set("Moving", int(moving))
+                hw = t.get("Hardware_Error_Status")
+                if sid in self.faults.alert_ids:
+                    hw |= DXL_HW_OVERLOAD
+                if volts < 0.1 * t.get("Min_Voltage_Limit"):
+                    hw |= DXL_HW_VOLTAGE
+                t.set("Hardware_Error_Status", hw)
+                if hw & t.get("Shutdown"):
+                    t.set("Torque_Enable", 0)  # the firmware's shutdown rule
+            else:
+                t.set("Present_Position", raw_q - offset)
+                if first:
+                    t.set("Goal_Position", raw_q - offset)
+                t.set("Present_Velocity", u.raw_velocity(float(s.qd[i])))
+                t.set("Present_Load", round(float(np.nan_to_num(s.load[i])) * units.STS_LOAD_FULL))
+                t.set("Present_Current", round(abs(float(s.current[i])) / units.STS_A_PER_UNIT))
+                t.set("Present_Voltage", round(volts / units.VOLT_PER_UNIT))
+                t.set("Present_Temperature", round(float(s.temperature[i])))
+                t.set("Moving", int(abs(float(s.qd[i])) > 0.02))
+                status = 0
+                if sid in self.faults.alert_ids:
+                    status |= scs.ERR_OVERLOAD
+                if volts < 0.1 * t.get("Min_Voltage_Limit"):
+                    status |= scs.ERR_VOLTAGE
+                t.set("Status", status)
+                if status & t.get("Unloading_Condition"):
+                    t.set("Torque_Enable", 0)

@@ -1,0 +1,47 @@
+"""The synthetic world's hidden servo law and MuJoCo arm, as an emulator arm model.
+
+``nactuator.world`` is the same ground truth ``data synth`` records from, so a recording
+made through an emulated bus and a synthesized dataset come from one robot. The emulator
+steps it in real time, one physics step per tick, and reads its quantised telemetry.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from nactuator.hardware.emulator.arm import ArmState
+from nactuator.platforms import Platform
+
+
+class WorldArm:
+    def __init__(self, platform: Platform, seed: int = 0, world: str | Path | None = None,
+                 q0: np.ndarray | None = None) -> None:
+        from nactuator.world.world import World, load_world
+
+        params = load_world(platform, world, seed=seed)
+        self.world = World(platform, params, seed=seed, n_envs=1)
+        self.dt = float(self.world.dt)
+        lo = np.array([c.limit_lower for c in platform.channels])
+        hi = np.array([c.limit_upper for c in platform.channels])
+        self.world.reset(np.clip(np.zeros(platform.n) if q0 is None else q0, lo, hi))
+        self.world.set_torque_enabled(False)  # servos power up with torque off
+
+    def set_goal(self, q_goal: np.ndarray) -> None:
+        self.world.set_goal(q_goal)
+
+    def set_torque_enabled(self, enabled: np.ndarray) -> None:
+        self.world.set_torque_enabled(enabled)
+
+    def step(self, dt: float) -> None:
+        self.world.step(dt)
+
+    def state(self) -> ArmState:
+        tel = self.world.telemetry()
+        return ArmState(
+            q=tel["q"][0], qd=tel["qd"][0], current=np.nan_to_num(tel["current"][0]),
+            load=tel["effort"][0] if self.world.platform.effort_signal == "load"
+            else np.full(self.world.n, np.nan),
+            pwm=tel["pwm"][0], voltage=tel["voltage"][0], temperature=tel["temperature"][0],
+        )

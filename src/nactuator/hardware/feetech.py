@@ -1,0 +1,183 @@
+"""SO-101 bus: Feetech STS3215 servos, SCS/STS protocol (little-endian, sign-magnitude).
+
+LeRobot's ``FeetechMotorsBus`` opens the port, pings and checks each servo, switches
+torque (and the EEPROM Lock) and sync-writes goals, so an SO-101 user's LeRobot
+calibration file works unchanged. Telemetry is one SYNC_READ of the contiguous block
+56..70 (15 bytes: position, velocity, load, voltage, temperature, status, moving, current)
+per cycle via ``scservo_sdk``'s packet handler, collecting each servo's status packet by ID
+(the SDK's GroupSyncRead gives up on the whole group at the first missing servo).
+Units: ``units.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scservo_sdk as scs_sdk
+from lerobot.motors import Motor, MotorCalibration, MotorNormMode
+from lerobot.motors.feetech import FeetechMotorsBus
+
+from nactuator.hardware import units
+from nactuator.hardware.bus import (
+    BusError,
+    HardwareAlert,
+    ServoMissingError,
+    TelemetryBus,
+    TelemetryFrame,
+    WrongModelError,
+)
+from nactuator.hardware.protocol.scs import decode_sign_magnitude, error_text
+
+TELEMETRY_ADDR, TELEMETRY_LEN = 56, 15
+STATUS_ADVICE = {
+    1: "check the supply voltage and the voltage limits (registers 14/15)",
+    2: "angle sensor fault: check the servo",
+    4: "let it cool down; reduce load or duty cycle",
+    8: "over-current: remove the blocking load",
+    32: "overload: remove the blocking load; check Overload_Torque (36)",
+}
+
+
+def status_text(err: int) -> str:
+    advice = "; ".join(a for bit, a in STATUS_ADVICE.items() if err & bit)
+    return (f"status error bits 0x{err:02X} ({error_text(err)}): {advice}. The servo unloads "
+            "(torque off) while the condition lasts")
+
+
+class FeetechTelemetryBus(TelemetryBus):
+    telemetry_span = "56..70 (15 bytes)"
+
+    def __init__(self, platform, port, calibration=None, torque=None) -> None:
+        super().__init__(platform, port, calibration, torque)
+        hw = platform.hardware
+        self.model = str(hw.get("servo", "sts3215"))
+        self.model_number = int(hw.get("model_number", 777))
+        for c in platform.channels:
+            if c.kind != "revolute":
+                raise BusError(f"{platform.source}: channel {c.name!r} is {c.kind}; STS3215 "
+                               "channels must be revolute")
+        cal_of = (calibration or {})
+        self.units = [units.motor_units("feetech", False, cal_of.get(n)) for n in self.names]
+        self.lo = np.array([c.limit_lower for c in platform.channels])
+        self.hi = np.array([c.limit_upper for c in platform.channels])
+        motors = {n: Motor(i, self.model, MotorNormMode.RANGE_0_100 if c.is_gripper
+                           else MotorNormMode.RANGE_M100_100)
+                  for n, i, c in zip(self.names, self.ids, platform.channels, strict=True)}
+        cal = None
+        if calibration:
+            cal = {n: MotorCalibration(**{k: int(v) for k, v in calibration[n].items()})
+                   for n in self.names if n in calibration}
+        self.lerobot = FeetechMotorsBus(port, motors, calibration=cal)
+        self._ph = self.lerobot.packet_handler
+        self._port = self.lerobot.port_handler
+
+    def _connect(self) -> None:
+        self._port.baudrate = self.baudrate
+        try:
+            self.lerobot.connect(handshake=False)
+        except ConnectionError as e:
+            raise BusError(f"could not open {self.port} at {self.baudrate} baud: {e}") from e
+        missing, wrong = [], []
+        for name, sid in zip(self.names, self.ids, strict=True):
+            found = self.lerobot.ping(sid, num_retry=2)
+            if found is None:
+                missing.append(f"{sid} ({name})")
+            elif found != self.model_number:
+                wrong.append(f"{sid} ({name}): model number {found}, expected "
+                             f"{self.model_number} ({self.model})")
+        if missing:
+            raise ServoMissingError(
+                f"no answer on {self.port} from servo id(s) {', '.join(missing)} (ping at "
+                f"{self.baudrate} baud, 3 tries): check the power supply, the daisy-chain "
+                f"cable, and that IDs/baud match {self.platform.source}: hardware.ids "
+                "(lerobot-setup-motors assigns them)")
+        if wrong:
+            raise WrongModelError(f"wrong servo model on {self.port}: {'; '.join(wrong)}. "
+                                  f"Is this the right arm/port for {self.platform.name!r}?")
+
+    def _close(self) -> None:
+        if self._port.is_open:
+            self._port.closePort()
+
+    def _read_blocks(self, ids: list[int]) -> tuple[dict[int, bytes], dict[int, str]]:
+        port = self._port
+        # The SDK's clearPort() only drains output; stale input would pass as fresh data.
+        port.ser.reset_input_buffer()
+        result = self._ph.syncReadTx(port, TELEMETRY_ADDR, TELEMETRY_LEN, ids, len(ids))
+        if result != scs_sdk.COMM_SUCCESS:
+            port.is_using = False
+            return {}, {}
+        port.setPacketTimeoutMillis(self.rx_timeout_ms)
+        return self._collect(ids)
+
+    def _read_each(self, ids: list[int]) -> tuple[dict[int, bytes], dict[int, str]]:
+        blocks, errors = {}, {}
+        for sid in ids:
+            self._port.ser.reset_input_buffer()
+            if self._ph.readTx(self._port, sid, TELEMETRY_ADDR, TELEMETRY_LEN) \
+                    != scs_sdk.COMM_SUCCESS:
+                self._port.is_using = False
+                continue
+            self._port.setPacketTimeoutMillis(self.rx_timeout_ms)
+            b, e = self._collect([sid])
+            blocks.update(b)
+            errors.update(e)
+        return blocks, errors
+
+    def _collect(self, ids: list[int]) -> tuple[dict[int, bytes], dict[int, str]]:
+        blocks: dict[int, bytes] = {}
+        errors: dict[int, str] = {}
+        while len(blocks) < len(ids):
+            rx, result = self._ph.rxPacket(self._port)
+            if result == scs_sdk.COMM_RX_CORRUPT:
+                self.counters["checksum_errors"] += 1
+            elif result == scs_sdk.COMM_RX_TIMEOUT:
+                self.counters["timeouts"] += 1
+            if result == scs_sdk.COMM_RX_TIMEOUT or (result != scs_sdk.COMM_SUCCESS
+                                                     and self._port.isPacketTimeout()):
+                break
+            if result == scs_sdk.COMM_SUCCESS and rx[2] in ids and len(rx) >= 6 + TELEMETRY_LEN:
+                blocks[rx[2]] = bytes(rx[5 : 5 + TELEMETRY_LEN])
+                errors[rx[2]] = status_text(rx[4]) if rx[4] else ""
+        return blocks, errors
+
+    def _decode(self, k: int, b: bytes, f: TelemetryFrame) -> None:
+        u = self.units[k]
+        f.q[k] = u.position(decode_sign_magnitude(b[0] | b[1] << 8, 15))
+        f.qd[k] = u.velocity(decode_sign_magnitude(b[2] | b[3] << 8, 15))
+        load = decode_sign_magnitude(b[4] | b[5] << 8, 10) / units.STS_LOAD_FULL
+        f.effort[k] = u.sign * load
+        f.voltage[k] = b[6] * units.VOLT_PER_UNIT
+        f.temperature[k] = b[7]
+        f.current[k] = (b[13] | b[14] << 8) * units.STS_A_PER_UNIT
+        f.pwm[k] = np.nan  # the STS3215 has no PWM register
+
+    def write_goal(self, q: np.ndarray) -> None:
+        q = np.clip(np.asarray(q, dtype=float), self.lo, self.hi)
+        raw = {n: self.units[k].raw_position(q[k]) for k, n in enumerate(self.names)
+               if np.isfinite(q[k]) and self.ids[k] not in self._absent}
+        if raw:
+            self.lerobot.sync_write("Goal_Position", raw, normalize=False)
+
+    def read_goal(self) -> np.ndarray:
+        raw = self.lerobot.sync_read("Goal_Position", normalize=False, num_retry=2)
+        return np.array([self.units[k].position(raw[n]) for k, n in enumerate(self.names)])
+
+    def set_torque(self, enabled: bool) -> None:
+        try:
+            if enabled:
+                self.lerobot.enable_torque(num_retry=2)
+            else:
+                self.lerobot.disable_torque(num_retry=2)
+        except (RuntimeError, ConnectionError) as e:
+            problems = []
+            for name, sid in zip(self.names, self.ids, strict=True):
+                self._port.ser.reset_input_buffer()
+                _, comm, err = self._ph.read1ByteTxRx(self._port, sid, 65)
+                if comm != scs_sdk.COMM_SUCCESS:
+                    problems.append(f"servo {sid} ({name}) does not answer")
+                elif err:
+                    problems.append(f"servo {sid} ({name}): {status_text(err)}")
+            action = f"switching torque {'on' if enabled else 'off'} on {self.port}"
+            if problems:
+                raise HardwareAlert(f"{action} failed: " + " | ".join(problems)) from e
+            raise BusError(f"{action} failed: {e}") from e

@@ -1,0 +1,53 @@
+"""``NeuralActuator``: FeatureBuilder + network, the module every other room uses."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from nactuator.models.features import DEFAULT_FEATURES, FeatureBuilder
+from nactuator.models.networks import build_model
+
+
+class NeuralActuator(nn.Module):
+    """Window of raw channels (Contract 1 keys, each (B, L, n)) -> head outputs.
+
+    ``model_config`` is ``{"arch": ..., "history": 9, **sizes}`` (``conf/model/*.yaml``);
+    the resolved config (every size filled in) is kept in ``self.model_config``.
+    """
+
+    def __init__(self, features: Sequence[str] = DEFAULT_FEATURES, n_motors: int = 5,
+                 norm_stats: Mapping | None = None,
+                 model_config: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        if norm_stats is None:
+            raise ValueError("NeuralActuator needs norm_stats (the DataModule's train-split "
+                             "statistics, {key: {'mean': [n], 'std': [n]}})")
+        config = dict(model_config or {"arch": "transformer"})
+        if "arch" not in config:
+            raise ValueError(f"model_config needs an 'arch' key, got keys {sorted(config)}")
+        self.feature_builder = FeatureBuilder(features, n_motors, norm_stats)
+        self.n_motors = n_motors
+        self.net = build_model(n_in=self.feature_builder.n_in, n_motors=n_motors, **config)
+        self.model_config = dict(self.net.config)
+
+    @property
+    def history(self) -> int:
+        """Frames per window (L = 8 history frames + the current one)."""
+        return self.net.history
+
+    @property
+    def features(self) -> list[str]:
+        """The feature groups, e.g. ``["command", "state", "telemetry", "error"]``."""
+        return list(self.feature_builder.features)
+
+    @property
+    def inputs(self) -> list[str]:
+        """The window keys this actuator reads."""
+        return list(self.feature_builder.inputs)
+
+    def forward(self, window: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.net(self.feature_builder(window))

@@ -1,0 +1,158 @@
+"""The actuator bundle: everything needed to rebuild a trained ``NeuralActuator``.
+
+A bundle is a plain dict (torch-saveable) that a Lightning checkpoint carries under
+``checkpoint["nactuator"]`` or that is saved on its own. Loading never needs the
+training data or any config file: features, norm stats and every model size are inside.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from nactuator.models.actuator import NeuralActuator
+
+BUNDLE_FORMAT = "nactuator-actuator/1"
+CHECKPOINT_KEY = "nactuator"
+_RESERVED = ("ema_state_dict", "training_config")
+
+
+class BundleError(ValueError):
+    """A file or dict is not a usable actuator bundle; the message says which and why."""
+
+
+def _cpu_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+
+def _ema_state(ema: Any, actuator: NeuralActuator) -> dict[str, torch.Tensor]:
+    """An EMA copy as a full state dict of ``actuator``.
+
+    Accepts a state dict or a module (an EMA copy of the actuator, or a
+    ``torch.optim.swa_utils.AveragedModel`` wrapping one). Buffers the EMA does not track
+    (the norm stats) are taken from the live actuator.
+    """
+    state = ema.state_dict() if isinstance(ema, nn.Module) else dict(ema)
+    state = {k.removeprefix("module."): v for k, v in state.items() if k != "n_averaged"}
+    reference = actuator.state_dict()
+    unknown = sorted(set(state) - set(reference))
+    if unknown:
+        raise BundleError(f"ema_state_dict has keys the actuator does not: {unknown[:5]}")
+    for key, value in state.items():
+        if tuple(value.shape) != tuple(reference[key].shape):
+            raise BundleError(f"ema_state_dict[{key!r}] has shape {tuple(value.shape)}, "
+                              f"the actuator's is {tuple(reference[key].shape)}")
+    return _cpu_state({**reference, **state})
+
+
+def bundle_to_dict(actuator: NeuralActuator, platform: str,
+                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The bundle of ``actuator`` for ``platform``.
+
+    ``extra`` may hold ``ema_state_dict`` (state dict or module) and ``training_config``
+    (the resolved training config, plain data); any other keys are kept under ``extra``.
+    """
+    if not isinstance(actuator, NeuralActuator):
+        raise TypeError(f"bundle_to_dict needs a NeuralActuator, got {type(actuator).__name__}")
+    if not isinstance(platform, str) or not platform:
+        raise ValueError(f"platform must be a platform name such as 'omx', got {platform!r}")
+    extra = dict(extra or {})
+    ema = extra.get("ema_state_dict")
+    return {
+        "format": BUNDLE_FORMAT,
+        "platform": platform,
+        "features": actuator.features,
+        "n_motors": actuator.n_motors,
+        "norm_stats": actuator.feature_builder.norm_stats(),
+        "model_config": dict(actuator.model_config),
+        "state_dict": _cpu_state(actuator.state_dict()),
+        "ema_state_dict": None if ema is None else _ema_state(ema, actuator),
+        "training_config": extra.get("training_config"),
+        "extra": {k: v for k, v in extra.items() if k not in _RESERVED},
+    }
+
+
+def save_bundle(bundle: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """Write a bundle atomically (temp file in the same folder, then ``os.replace``)."""
+    path = Path(path)
+    if bundle.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"refusing to save: format tag {bundle.get('format')!r} is not "
+                          f"{BUNDLE_FORMAT!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(dict(bundle), f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _read(source: str | os.PathLike | Mapping, map_location: Any) -> tuple[dict, str]:
+    if isinstance(source, Mapping):
+        return dict(source), "<dict>"
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"actuator checkpoint/bundle {path} does not exist")
+    try:
+        # Our own checkpoints carry plain Python config next to tensors, so the full
+        # unpickler is needed; only load files you trust.
+        obj = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as err:
+        raise BundleError(f"{path} is not a torch checkpoint or actuator bundle "
+                          f"({type(err).__name__}: {err})") from err
+    if not isinstance(obj, Mapping):
+        raise BundleError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict")
+    return dict(obj), str(path)
+
+
+def load_actuator(source: str | os.PathLike | Mapping, use_ema: bool = True,
+                  map_location: Any = "cpu",
+                  expect_platform: str | None = None) -> tuple[NeuralActuator, dict[str, Any]]:
+    """Rebuild an eval-mode ``NeuralActuator`` from a Lightning ``.ckpt``, a bundle file or
+    a dict of either. EMA weights are used when present and ``use_ema``; ``meta["weights"]``
+    says which were loaded."""
+    obj, where = _read(source, map_location)
+    if CHECKPOINT_KEY in obj:
+        bundle = obj[CHECKPOINT_KEY]
+    elif "format" in obj:
+        bundle = obj
+    else:
+        raise BundleError(f"{where} is not a nactuator checkpoint: no {CHECKPOINT_KEY!r} "
+                          f"bundle and no 'format' tag (top-level keys: {sorted(obj)[:8]})")
+    if not isinstance(bundle, Mapping) or bundle.get("format") != BUNDLE_FORMAT:
+        tag = bundle.get("format") if isinstance(bundle, Mapping) else type(bundle).__name__
+        raise BundleError(f"{where}: bundle format {tag!r} is not {BUNDLE_FORMAT!r}")
+    missing = [k for k in ("platform", "features", "n_motors", "norm_stats", "model_config",
+                           "state_dict") if k not in bundle]
+    if missing:
+        raise BundleError(f"{where}: bundle is missing {missing}")
+    if expect_platform is not None and bundle["platform"] != expect_platform:
+        raise BundleError(f"{where} was trained for platform {bundle['platform']!r}, "
+                          f"expected {expect_platform!r}")
+
+    actuator = NeuralActuator(bundle["features"], bundle["n_motors"], bundle["norm_stats"],
+                              bundle["model_config"])
+    ema = bundle.get("ema_state_dict")
+    weights = "ema" if use_ema and ema is not None else "raw"
+    try:
+        actuator.load_state_dict(ema if weights == "ema" else bundle["state_dict"])
+    except RuntimeError as err:
+        raise BundleError(f"{where}: {weights} weights do not fit the bundle's model "
+                          f"config {bundle['model_config']}: {err}") from err
+    if isinstance(map_location, (str, torch.device)):
+        actuator.to(map_location)
+    actuator.eval()
+    meta = {k: bundle.get(k) for k in ("format", "platform", "features", "n_motors",
+                                       "norm_stats", "model_config", "training_config",
+                                       "extra")}
+    meta.update(weights=weights, source=where)
+    return actuator, meta

@@ -1,0 +1,79 @@
+"""``build_model``: one encoder (transformer | mlp | gru | lstm) plus the shared heads."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from nactuator.models.baselines import GRUEncoder, LSTMEncoder, MLPEncoder
+from nactuator.models.heads import ActuatorHeads
+from nactuator.models.transformer import TransformerEncoder
+
+ENCODERS: dict[str, Any] = {
+    "transformer": TransformerEncoder,
+    "mlp": MLPEncoder,
+    "gru": GRUEncoder,
+    "lstm": LSTMEncoder,
+}
+
+
+def _defaults(fn: Any) -> dict[str, Any]:
+    """Keyword defaults of a constructor, minus the window length (passed separately)."""
+    params = inspect.signature(fn).parameters
+    return {k: p.default for k, p in params.items()
+            if p.default is not inspect.Parameter.empty and k != "history"}
+
+
+class ActuatorNet(nn.Module):
+    """Tokens (B, L, n_in) -> dict of the head outputs (Contract 4).
+
+    ``config`` holds every size, resolved against the defaults, so that a bundle can
+    rebuild exactly this network without any config file.
+    """
+
+    def __init__(self, encoder: nn.Module, heads: ActuatorHeads, n_in: int, history: int,
+                 config: dict[str, Any]) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.heads = heads
+        self.n_in = n_in
+        self.history = history
+        self.config = config
+
+    def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        if not torch.jit.is_tracing() and tuple(tokens.shape[1:]) != (self.history, self.n_in):
+            raise ValueError(f"tokens must have shape (B, {self.history}, {self.n_in}), "
+                             f"got {tuple(tokens.shape)}")
+        return self.heads(self.encoder(tokens))
+
+
+def build_model(arch: str, n_in: int, n_motors: int, history: int = 9,
+                **sizes: Any) -> ActuatorNet:
+    """Build one actuator network. ``sizes`` override the architecture's defaults
+    (see ``conf/model/<arch>.yaml``); an unknown size name is an error."""
+    if arch not in ENCODERS:
+        raise ValueError(f"unknown model arch {arch!r}; expected one of {sorted(ENCODERS)}")
+    if n_in < 1 or n_motors < 1 or history < 1:
+        raise ValueError(f"n_in, n_motors and history must be >= 1, got "
+                         f"n_in={n_in}, n_motors={n_motors}, history={history}")
+    encoder_cls = ENCODERS[arch]
+    encoder_sizes = _defaults(encoder_cls)
+    head_sizes = _defaults(ActuatorHeads)
+    unknown = sorted(set(sizes) - set(encoder_sizes) - set(head_sizes))
+    if unknown:
+        raise ValueError(f"unknown size(s) {unknown} for arch {arch!r}; allowed: "
+                         f"{sorted(encoder_sizes) + sorted(head_sizes)}")
+    encoder_sizes.update({k: v for k, v in sizes.items() if k in encoder_sizes})
+    head_sizes.update({k: v for k, v in sizes.items() if k in head_sizes})
+
+    encoder = encoder_cls(n_in=n_in, history=history, **encoder_sizes)
+    heads = ActuatorHeads(encoder.width, n_motors, **head_sizes)
+    config = {"arch": arch, "history": history, **encoder_sizes, **head_sizes}
+    return ActuatorNet(encoder, heads, n_in, history, config)
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

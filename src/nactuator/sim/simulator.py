@@ -1,0 +1,246 @@
+"""The differentiable simulator of Contract 3: batched Featherstone steps as torch ops.
+
+One control step is one ``torch.autograd.Function``. Its forward runs the platform's
+substeps with no tape on two persistent ping-pong states; its backward replays that one
+step from the saved inputs under a fresh ``wp.Tape`` into a fixed set of recorded states,
+seeds the output gradients and reads the gradients of ``joint_f``, ``q`` and ``qd``
+(physics.md §5: constant memory in the horizon, gradients identical to keeping tapes).
+Torch runs between steps, so a network can close the loop on the simulated state.
+"""
+
+from __future__ import annotations
+
+import torch
+import warp as wp
+from newton.solvers import SolverFeatherstone
+
+from nactuator.platforms import Platform, load_platform
+from nactuator.sim.builder import body_index, build_model, joint_arrays, sim_settings
+from nactuator.sim.kinematics import ChainKinematics
+from nactuator.sim.solver import GradientSafeFeatherstone
+from nactuator.sim.stability import check_stability
+
+__all__ = ["Simulator"]
+
+
+def _warp_device(device: torch.device) -> str:
+    if device.type == "cpu":
+        return "cpu"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r} requested but torch sees no CUDA device")
+        wp.init()
+        if not wp.is_cuda_available():
+            raise ValueError(f"device {str(device)!r} requested but Warp sees no CUDA device")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index}"
+    raise ValueError(f"device must be 'cpu' or 'cuda[:i]', got {str(device)!r}")
+
+
+def _flat(t: torch.Tensor) -> wp.array:
+    # A view, not a copy: wp.copy moves it into the solver's persistent arrays.
+    return wp.from_torch(t.detach().contiguous().reshape(-1))
+
+
+class _Engine:
+    """Newton model, solver and persistent states for one batch size."""
+
+    def __init__(self, platform: Platform, batch: int, device: str, solver_cls: type,
+                 angular_damping: float) -> None:
+        self.batch, self.n = batch, platform.n
+        self.substeps, self.dt = platform.substeps, platform.substep_dt
+        self.device = device
+        self.model = build_model(platform, batch, device)
+        self.solver = solver_cls(
+            self.model,
+            angular_damping=angular_damping,
+            update_mass_matrix_interval=1,
+            use_tile_gemm=False,
+        )
+        self.ping_pong = [self.model.state(requires_grad=False) for _ in range(2)]
+        self.control = self.model.control(requires_grad=False)
+        self.recorded = [self.model.state(requires_grad=True) for _ in range(self.substeps + 1)]
+        self.recorded_control = self.model.control(requires_grad=True)
+
+    def _shape(self, a: wp.array) -> torch.Tensor:
+        return wp.to_torch(a).reshape(self.batch, self.n).clone()
+
+    def forward(self, tau: torch.Tensor, q: torch.Tensor, qd: torch.Tensor):
+        a, b = self.ping_pong
+        wp.copy(a.joint_q, _flat(q))
+        wp.copy(a.joint_qd, _flat(qd))
+        wp.copy(self.control.joint_f, _flat(tau))
+        for _ in range(self.substeps):
+            self.solver.step(a, b, self.control, None, self.dt)
+            a, b = b, a
+        return self._shape(a.joint_q), self._shape(a.joint_qd)
+
+    def backward(self, tau, q, qd, grad_q, grad_qd):
+        states, control = self.recorded, self.recorded_control
+        wp.copy(states[0].joint_q, _flat(q))
+        wp.copy(states[0].joint_qd, _flat(qd))
+        wp.copy(control.joint_f, _flat(tau))
+        tape = wp.Tape()
+        with tape:
+            for i in range(self.substeps):
+                self.solver.step(states[i], states[i + 1], control, None, self.dt)
+        # The states own their .grad buffers, so backward copies the seeds into them.
+        tape.backward(grads={states[-1].joint_q: _flat(grad_q), states[-1].joint_qd: _flat(grad_qd)})
+        grads = (
+            self._shape(control.joint_f.grad),
+            self._shape(states[0].joint_q.grad),
+            self._shape(states[0].joint_qd.grad),
+        )
+        tape.zero()
+        return grads
+
+
+class _StepFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, engine: _Engine, stream_scope, tau, q, qd):
+        with stream_scope():
+            q1, qd1 = engine.forward(tau, q, qd)
+        ctx.engine, ctx.stream_scope = engine, stream_scope
+        ctx.save_for_backward(tau, q, qd)
+        return q1, qd1
+
+    @staticmethod
+    def backward(ctx, grad_q1, grad_qd1):
+        tau, q, qd = ctx.saved_tensors
+        with ctx.stream_scope():
+            g_tau, g_q, g_qd = ctx.engine.backward(tau, q, qd, grad_q1, grad_qd1)
+        return None, None, g_tau, g_q, g_qd
+
+
+class Simulator:
+    """Batched differentiable simulator of one platform (Contract 3).
+
+    ``Simulator("so101")`` or ``Simulator(platform, device="cuda")``. States and efforts are
+    (B, n) float32 tensors on ``device`` in the platform's channel order; any B works (the
+    Newton model for each B is built on first use and cached). ``gradient_fix=False`` runs
+    the stock solver, whose multi-substep gradients are wrong; it exists to demonstrate that.
+    """
+
+    def __init__(self, platform: Platform | str, device: str = "cpu", *,
+                 gradient_fix: bool = True) -> None:
+        if isinstance(platform, str):
+            platform = load_platform(platform)
+        if not isinstance(platform, Platform):
+            raise TypeError(f"platform must be a Platform or a platform name, got "
+                            f"{type(platform).__name__}")
+        self.platform = platform
+        self.device = torch.device(device)
+        self._wp_device = _warp_device(self.device)
+        self.settings = sim_settings(platform)
+        self._solver_cls = GradientSafeFeatherstone if gradient_fix else SolverFeatherstone
+        self._engines: dict[int, _Engine] = {}
+
+        reference = build_model(platform, 1, "cpu")
+        kinematics = ChainKinematics(
+            joint_arrays(reference, platform.n),
+            kinds=[c.kind for c in platform.channels],
+            armature=[c.armature for c in platform.channels],
+            ee_body=body_index(reference, platform.end_effector.body),
+            ee_offset=platform.end_effector.offset,
+        )
+        self.stability = check_stability(platform, kinematics, self.settings)
+        self.kinematics = kinematics.to(self.device)
+        as_tensor = lambda v: torch.tensor(v, dtype=torch.float32, device=self.device)  # noqa: E731
+        self._effort_min = as_tensor(platform.effort_min)
+        self._effort_max = as_tensor(platform.effort_max)
+        self._velocity_limit = float(platform.velocity_limit)
+
+    @property
+    def n(self) -> int:
+        return self.platform.n
+
+    def _engine(self, batch: int) -> _Engine:
+        if batch not in self._engines:
+            with wp.ScopedDevice(self._wp_device):
+                self._engines[batch] = _Engine(self.platform, batch, self._wp_device,
+                                               self._solver_cls, self.settings.angular_damping)
+        return self._engines[batch]
+
+    def _stream_scope(self):
+        if self.device.type == "cuda":
+            # Warp work goes on torch's current stream, so no extra synchronisation is needed.
+            stream = wp.stream_from_torch(torch.cuda.current_stream(self.device))
+            return wp.ScopedStream(stream)
+        return wp.ScopedDevice(self._wp_device)
+
+    # -- input checks -------------------------------------------------------------------
+    def _check(self, name: str, x, shape: tuple[int | None, ...], what: str) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != torch.float32:
+            raise TypeError(f"{name} must be torch.float32, got {x.dtype}")
+        if x.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, x.shape,
+                                                                               strict=True)):
+            raise ValueError(f"{name} must have shape {what}, got {tuple(x.shape)}")
+        if x.device != self.device:
+            raise ValueError(f"{name} is on {x.device}, the simulator is on {self.device}")
+        if not bool(torch.isfinite(x).all()):
+            bad = (~torch.isfinite(x)).nonzero()[0].tolist()
+            raise ValueError(f"{name} contains NaN or inf (first at index {tuple(bad)})")
+
+    def _batch_of(self, q) -> int:
+        if isinstance(q, torch.Tensor) and q.ndim >= 1 and q.shape[0] >= 1:
+            return int(q.shape[0])
+        raise ValueError(f"q must have shape (B, {self.n}) with B >= 1, got "
+                         f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+
+    # -- Contract 3 ---------------------------------------------------------------------
+    def step(self, q: torch.Tensor, qd: torch.Tensor, tau: torch.Tensor,
+             f_ext: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One control step (``platform.substeps`` substeps) -> (q1, qd1), each (B, n).
+
+        ``tau`` is clipped to the platform's effort bounds (zero gradient where clipped);
+        ``f_ext`` (B, 3) [N, base frame, on the end-effector point] is added as
+        ``J_v(q)^T f``; the returned ``qd1`` is clipped to ``±platform.velocity_limit``
+        (zero gradient through a clipped component)."""
+        n = self.n
+        batch = self._batch_of(q)
+        what = f"(B, {n}) = ({batch}, {n})"
+        self._check("q", q, (batch, n), what)
+        self._check("qd", qd, (batch, n), what)
+        self._check("tau", tau, (batch, n), what)
+        effort = torch.clamp(tau, self._effort_min, self._effort_max)
+        if f_ext is not None:
+            self._check("f_ext", f_ext, (batch, 3), f"(B, 3) = ({batch}, 3)")
+            effort = effort + torch.einsum("bkn,bk->bn", self.kinematics.ee_jacobian(q), f_ext)
+        q1, qd1 = _StepFunction.apply(self._engine(batch), self._stream_scope, effort, q, qd)
+        return q1, torch.clamp(qd1, -self._velocity_limit, self._velocity_limit)
+
+    def rollout(self, q0: torch.Tensor, qd0: torch.Tensor, taus: torch.Tensor,
+                f_ext: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Open loop from (q0, qd0) (B, n) under ``taus`` (B, T, n) [and ``f_ext`` (B, T, 3)]:
+        returns the states after each step, q and qd of shape (B, T, n)."""
+        batch = self._batch_of(q0)
+        if not isinstance(taus, torch.Tensor) or taus.ndim != 3 or taus.shape[0] != batch \
+                or taus.shape[2] != self.n:
+            shape = tuple(taus.shape) if isinstance(taus, torch.Tensor) else type(taus).__name__
+            raise ValueError(f"taus must have shape (B, T, {self.n}) with B = {batch}, got {shape}")
+        if f_ext is not None and (not isinstance(f_ext, torch.Tensor) or f_ext.ndim != 3
+                                  or tuple(f_ext.shape) != (batch, taus.shape[1], 3)):
+            shape = tuple(f_ext.shape) if isinstance(f_ext, torch.Tensor) else type(f_ext).__name__
+            raise ValueError(f"f_ext must have shape (B, T, 3) = ({batch}, {taus.shape[1]}, 3), "
+                             f"got {shape}")
+        q, qd = q0, qd0
+        qs, qds = [], []
+        for t in range(taus.shape[1]):
+            q, qd = self.step(q, qd, taus[:, t], None if f_ext is None else f_ext[:, t])
+            qs.append(q)
+            qds.append(qd)
+        return torch.stack(qs, 1), torch.stack(qds, 1)
+
+    def ee_position(self, q: torch.Tensor) -> torch.Tensor:
+        """End-effector point (platform ``end_effector``) in the base frame, (B, 3) [m]."""
+        return self.kinematics.ee_position(q)
+
+    def ee_jacobian(self, q: torch.Tensor) -> torch.Tensor:
+        """Linear Jacobian of the end-effector point, (B, 3, n)."""
+        return self.kinematics.ee_jacobian(q)
+
+    def gravity_torque(self, q: torch.Tensor) -> torch.Tensor:
+        """Joint efforts that hold the arm still against gravity at ``q``, (B, n)."""
+        return self.kinematics.gravity_torque(q)

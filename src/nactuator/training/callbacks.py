@@ -1,0 +1,89 @@
+"""Small Lightning callbacks of the training room."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+
+class LossReport(L.Callback):
+    """Prints the training loss at the start and end of a fit, and how much it dropped.
+
+    "Start" and "end" are the mean of the first and last ``window`` logged steps, so one
+    noisy batch does not decide the reported figure.
+    """
+
+    def __init__(self, key: str = "train/loss", window: int = 3) -> None:
+        self.key = key
+        self.window = max(int(window), 1)
+        self.losses: list[float] = []
+        self._started = 0.0
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.losses = []
+        self._started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        value = trainer.callback_metrics.get(self.key)
+        if value is not None:
+            self.losses.append(float(value))
+            if len(self.losses) == 1 and trainer.is_global_zero:
+                print(f"\n[nactuator] {self.key} at start: {self.losses[0]:.4g}", flush=True)
+
+    def summary(self) -> dict[str, float]:
+        finite = [x for x in self.losses if math.isfinite(x)]
+        if not finite:
+            return {}
+        first = sum(finite[: self.window]) / len(finite[: self.window])
+        last = sum(finite[-self.window :]) / len(finite[-self.window :])
+        return {"steps": len(self.losses), "start": first, "end": last,
+                "ratio": first / last if last > 0 else math.inf,
+                "seconds": time.perf_counter() - self._started}
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        s = self.summary()
+        if s and trainer.is_global_zero:
+            print(
+                f"[nactuator] {self.key}: start {s['start']:.4g} -> end {s['end']:.4g} "
+                f"({s['ratio']:.1f}x lower) over {s['steps']} steps in {s['seconds']:.0f} s",
+                flush=True,
+            )
+
+
+class FinalMetrics(L.Callback):
+    """Writes the run's last logged metrics (``trainer.callback_metrics``) to a JSON file
+    at the end of fit/validate/test; the local sweep driver reads them back."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def _dump(self, trainer: L.Trainer) -> None:
+        if not trainer.is_global_zero:
+            return
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()
+                   if getattr(v, "numel", lambda: 1)() == 1}
+        metrics["global_step"] = trainer.global_step
+        metrics["epoch"] = trainer.current_epoch
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(metrics, f, indent=2)
+        os.replace(tmp, self.path)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._dump(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn != "fit":
+            self._dump(trainer)
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._dump(trainer)

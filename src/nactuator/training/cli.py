@@ -1,0 +1,198 @@
+"""LightningCLI wiring: ``nactuator fit|validate|test`` and ``nactuator train``.
+
+``nactuator fit --config conf/base.yaml --platform so101 --data.paths '[DATA]'`` is a
+plain LightningCLI over :class:`NeuralActuatorModule` and ``NADDataModule`` (typed and
+strict: unknown keys are errors). One extra top-level argument, ``--platform NAME|YAML``,
+is linked to both ``model.platform`` and ``data.platform`` so the two can never disagree.
+A platform description given as ``--config conf/platform/<p>.yaml`` is recognised (it is
+not a Lightning config) and treated as ``--platform``. ``--logger tensorboard|wandb|csv|
+none`` is a shortcut for ``--trainer.logger``; wandb runs offline unless credentials exist.
+
+``train(platform, data=None)`` is what ``make train`` runs: ``fit`` with conf/base.yaml,
+the platform's training defaults (conf/train/<platform>.yaml, if present) and, without
+``data``, a small synthetic dataset generated on first use and cached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nactuator.platforms import PlatformError, conf_dir, load_platform
+
+LOGGERS = ("tensorboard", "wandb", "csv", "none")
+
+
+def project_root() -> Path:
+    return conf_dir().parent
+
+
+def cache_dir() -> Path:
+    """Project-local cache (``$NACTUATOR_CACHE`` if set): Warp kernels, default datasets."""
+    return Path(os.environ.get("NACTUATOR_CACHE", project_root() / ".cache"))
+
+
+def _is_platform_description(path: str) -> bool:
+    p = Path(path)
+    if p.suffix not in (".yaml", ".yml") or not p.is_file():
+        return False
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError:
+        return False
+    return isinstance(raw, dict) and "channels" in raw and "robot_model" in raw
+
+
+def logger_config(name: str, save_dir: str = "runs") -> Any:
+    """The ``trainer.logger`` value for a logger shortcut name."""
+    if name == "none":
+        return False
+    if name == "tensorboard":
+        return {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                "init_args": {"save_dir": save_dir, "name": "nactuator"}}
+    if name == "csv":
+        return {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": save_dir, "name": "nactuator"}}
+    if name == "wandb":
+        # Online only with credentials and no explicit offline mode: a run must never
+        # hang waiting for a network that is not there.
+        mode = os.environ.get("WANDB_MODE", "")
+        online = bool(os.environ.get("WANDB_API_KEY")) and mode not in ("offline", "disabled")
+        os.environ.setdefault("WANDB_MODE", "online" if online else "offline")
+        os.environ.setdefault("WANDB_INIT_TIMEOUT", "30")
+        return {"class_path": "lightning.pytorch.loggers.WandbLogger",
+                "init_args": {"save_dir": save_dir, "project": "nactuator",
+                              "offline": not online}}
+    raise ValueError(f"--logger must be one of {list(LOGGERS)}, got {name!r}")
+
+
+def rewrite_args(argv: Sequence[str]) -> list[str]:
+    """Turn the two conveniences (platform YAML as --config, --logger NAME) into
+    plain LightningCLI arguments; everything else passes through unchanged."""
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        key, eq, value = arg.partition("=")
+        if key in ("--config", "--logger") and not eq:
+            if i + 1 >= len(args):
+                raise SystemExit(f"nactuator: {key} needs a value")
+            value = args[i + 1]
+            i += 1
+        if key == "--config" and _is_platform_description(value):
+            out += ["--platform", value]
+        elif key == "--logger":
+            out.append(f"--trainer.logger={json.dumps(logger_config(value))}")
+        elif key == "--config":
+            out += ["--config", value]
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def _make_cli_class() -> type:
+    from lightning.pytorch.cli import LightningCLI
+
+    class NactuatorCLI(LightningCLI):
+        def add_arguments_to_parser(self, parser: Any) -> None:
+            parser.add_argument(
+                "--platform", type=str, required=True,
+                help="platform name (conf/platform/<name>.yaml) or a platform YAML path; "
+                     "sets model.platform and data.platform",
+            )
+            parser.link_arguments("platform", "model.platform")
+            parser.link_arguments("platform", "data.platform")
+            parser.link_arguments("data.history", "model.history")
+
+        def before_instantiate_classes(self) -> None:
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            try:
+                load_platform(config["platform"])
+            except PlatformError as e:
+                raise SystemExit(f"nactuator: --platform: {e}") from e
+
+    return NactuatorCLI
+
+
+def lightning_main(argv: Sequence[str], run: bool = True) -> Any:
+    """``nactuator fit|validate|test ...``: LightningCLI over the module and DataModule.
+
+    Returns the LightningCLI object (its ``trainer``, ``model`` and ``datamodule``).
+    """
+    os.environ.setdefault("WARP_CACHE_PATH", str(cache_dir() / "warp"))
+    from nactuator.data.datamodule import NADDataModule
+    from nactuator.training.module import NeuralActuatorModule
+
+    cli_class = _make_cli_class()
+    return cli_class(
+        NeuralActuatorModule,
+        NADDataModule,
+        args=rewrite_args(argv),
+        run=run,
+        seed_everything_default=0,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"default_env": False},
+    )
+
+
+def default_dataset(platform: str) -> Path:
+    """The platform's small synthetic training set, generated on first use and cached.
+
+    Its configuration (seed, tasks, trajectory count and length) is in
+    ``conf/train/default_data.yaml``. Generation goes to a temporary folder that is moved
+    into place only when complete, so an interrupted run never leaves half a dataset.
+    """
+    spec_file = conf_dir() / "train" / "default_data.yaml"
+    specs = yaml.safe_load(spec_file.read_text()) or {}
+    if platform not in specs:
+        raise ValueError(
+            f"{spec_file}: no default dataset configured for platform {platform!r} "
+            f"(have {sorted(specs)}); pass --data PATH"
+        )
+    spec = dict(specs[platform])
+    out = cache_dir() / "datasets" / f"{platform}-default"
+    if (out / "meta" / "info.json").is_file():
+        return out
+    from nactuator.data.synth import synthesize
+
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[nactuator] generating the default {platform} dataset in {out} ({spec})",
+          flush=True)
+    try:
+        print(synthesize(platform, str(tmp), **spec), flush=True)
+        if out.exists():  # a concurrent run finished first; keep its copy
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def train(platform: str, data: str | None = None, extra_args: Sequence[str] = ()) -> Any:
+    """``make train PLATFORM=p [DATA=path] [ARGS=...]``: fit with the project defaults."""
+    name = load_platform(platform).name
+    paths = [p for p in data.split(",") if p] if data else [str(default_dataset(name))]
+    argv = ["fit", "--config", str(conf_dir() / "base.yaml")]
+    platform_defaults = conf_dir() / "train" / f"{name}.yaml"
+    if platform_defaults.is_file():
+        argv += ["--config", str(platform_defaults)]
+    argv += ["--platform", platform, f"--data.paths={json.dumps(paths)}", *extra_args]
+    print("[nactuator] nactuator " + " ".join(argv), flush=True)
+    return lightning_main(argv)
+
+
+if __name__ == "__main__":
+    lightning_main(sys.argv[1:])

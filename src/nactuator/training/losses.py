@@ -1,0 +1,120 @@
+"""The training losses of SPEC §5, computed from one rollout.
+
+Every loss is a plain function of tensors so it can be read and tested on its own. Units:
+joint errors in radians (revolute channels), gripper errors in millimetres (prismatic
+channels, metres × 1000), forces in newtons.
+
+Time alignment (Contract 2): rollout step ``i`` uses the window ending at recorded frame
+``s + i``; its simulated state is compared with frame ``s + i + 1``, and its force, gate and
+condition estimates (which describe the *current* frame of the window) with frame ``s + i``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+# The contact gate's target: "in contact" when the labelled force exceeds this magnitude.
+GATE_THRESHOLD_N = 0.01
+
+
+@dataclass
+class LossWeights:
+    """Weights and shape parameters of the combined loss (SPEC §5; OMX values by default)."""
+
+    w_pos: float = 100.0  # L_joint, radians
+    w_grip: float = 0.02  # L_grip, millimetres
+    w_force: float = 30.0
+    w_gate: float = 1.0
+    w_cond: float = 100.0
+    w_vel: float = 0.0  # finite-difference velocity loss (SO-101 uses 5)
+    force_beta: float = 1.0  # Huber beta for L_force (0.15 for F/T and known-weight fine-tuning)
+    w_focal: float = 5.0  # per-sample weight of frames with non-zero force (3 for F/T runs)
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not (isinstance(value, int | float) and value >= 0 and value == value):
+                raise ValueError(f"loss weight '{name}' must be a number >= 0, got {value!r}")
+        if self.force_beta <= 0:
+            raise ValueError(f"loss weight 'force_beta' must be > 0, got {self.force_beta!r}")
+
+
+def huber(error: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
+    """Elementwise Huber (smooth L1) of an error, quadratic below ``beta``."""
+    return F.smooth_l1_loss(error, torch.zeros_like(error), reduction="none", beta=beta)
+
+
+def joint_loss(q_sim: torch.Tensor, q_real: torch.Tensor) -> torch.Tensor:
+    """``mean_t Σ_j Huber_1(q_sim − q_real)`` over the given (revolute) channels, radians."""
+    if q_sim.shape[-1] == 0:
+        return q_sim.new_zeros(())
+    return huber(q_sim - q_real).sum(-1).mean()
+
+
+def gripper_loss(q_sim: torch.Tensor, q_real: torch.Tensor) -> torch.Tensor:
+    """``mean_t Huber_1(1000 · (q_sim − q_real))`` over prismatic gripper channels (mm)."""
+    if q_sim.shape[-1] == 0:
+        return q_sim.new_zeros(())
+    return huber(1000.0 * (q_sim - q_real)).mean()
+
+
+def velocity_loss(q_sim: torch.Tensor, q_real: torch.Tensor, dt: float) -> torch.Tensor:
+    """Huber_1 between finite-difference velocities of the simulated and recorded paths.
+
+    ``q_*`` are (B, T, k) position sequences that include the rollout's start frame, so
+    the first difference is the first simulated step. Finite differences of the recorded
+    path are used instead of the recorded velocity because servo velocity registers are
+    coarse (STS3215: multiples of 50 steps/s).
+    """
+    if q_sim.shape[-1] == 0 or q_sim.shape[1] < 2:
+        return q_sim.new_zeros(())
+    v_sim = torch.diff(q_sim, dim=1) / dt
+    v_real = torch.diff(q_real, dim=1) / dt
+    return huber(v_sim - v_real).sum(-1).mean()
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` where ``mask`` is true; 0 (still in the graph) if nothing is."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def force_loss(
+    force_pred: torch.Tensor,
+    force_true: torch.Tensor,
+    valid: torch.Tensor,
+    beta: float = 1.0,
+    w_focal: float = 5.0,
+) -> torch.Tensor:
+    """Huber_beta over labelled frames and 3 channels, focal weight on non-zero forces.
+
+    ``force_*`` (B, T, 3), ``valid`` (B, T) bool. Frames whose label magnitude exceeds
+    :data:`GATE_THRESHOLD_N` weigh ``w_focal``, others 1, so the rare contact frames are not
+    drowned by free motion. The mean is taken over the labelled frame-channels.
+    """
+    per = huber(force_pred - force_true, beta=beta)  # (B, T, 3)
+    contact = force_true.norm(dim=-1) > GATE_THRESHOLD_N
+    weight = torch.where(contact, w_focal, 1.0).to(per.dtype).unsqueeze(-1)
+    return _masked_mean(weight * per, valid.unsqueeze(-1).expand_as(per))
+
+
+def gate_loss(
+    gate_logit: torch.Tensor, force_true: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
+    """``BCE(g, 1[|f| > 0.01 N])`` on labelled frames; ``gate_logit`` (B, T, 1) or (B, T)."""
+    logit = gate_logit.reshape(force_true.shape[:-1])
+    target = (force_true.norm(dim=-1) > GATE_THRESHOLD_N).to(logit.dtype)
+    per = F.binary_cross_entropy_with_logits(logit, target, reduction="none")
+    return _masked_mean(per, valid)
+
+
+def condition_loss(
+    condition_logit: torch.Tensor, condition_true: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
+    """``BCE(c, m)`` on every labelled (frame, motor); labels 1 nominal, 0 restricted."""
+    per = F.binary_cross_entropy_with_logits(
+        condition_logit, condition_true.to(condition_logit.dtype), reduction="none"
+    )
+    return _masked_mean(per, valid)

@@ -1,0 +1,223 @@
+"""A local, offline driver for wandb-format sweep files (``conf/sweeps/*.yaml``).
+
+The same YAML runs online with ``wandb sweep FILE`` + ``wandb agent ID``. Here each
+configuration of the sweep (grid: every combination in file order; random: ``max_runs``
+seeded draws) is run as the sweep's own ``command`` in a subprocess, with wandb forced
+offline, and its final metrics are read back from a JSON file the run writes. The
+result is a ranked markdown table of the sweep metric, also written with all figures to
+``<out>/results.json`` and ``<out>/results.md``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nactuator.platforms import conf_dir
+
+METHODS = ("grid", "random")
+DISTRIBUTIONS = ("uniform", "int_uniform", "log_uniform_values", "q_uniform")
+DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
+
+
+class SweepError(ValueError):
+    """The sweep file is not one this driver can run; the message says where and why."""
+
+
+def load_sweep(file: str | Path) -> dict[str, Any]:
+    path = Path(file)
+    if not path.is_file():
+        raise SweepError(f"sweep file {path} does not exist")
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SweepError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(spec, dict):
+        raise SweepError(f"{path}: expected a mapping with method/metric/parameters")
+    metric = spec.get("metric")
+    if not (isinstance(metric, dict) and isinstance(metric.get("name"), str)
+            and metric.get("goal") in ("minimize", "maximize")):
+        raise SweepError(
+            f"{path}: 'metric' must be {{name: <logged metric>, goal: minimize|maximize}}, "
+            f"got {metric!r}"
+        )
+    params = spec.get("parameters")
+    if not isinstance(params, dict) or not params:
+        raise SweepError(f"{path}: 'parameters' must be a non-empty mapping")
+    for name, p in params.items():
+        if not isinstance(p, dict) or not ({"value", "values"} & set(p) or "distribution" in p):
+            raise SweepError(
+                f"{path}: parameter {name!r} needs 'value', 'values' or 'distribution', "
+                f"got {p!r}"
+            )
+        if "values" in p and (not isinstance(p["values"], list) or not p["values"]):
+            raise SweepError(f"{path}: parameter {name!r}: 'values' must be a non-empty list")
+        if "distribution" in p and p["distribution"] not in DISTRIBUTIONS:
+            raise SweepError(
+                f"{path}: parameter {name!r}: distribution {p['distribution']!r} is not "
+                f"one of {list(DISTRIBUTIONS)}"
+            )
+    spec["_path"] = str(path)
+    return spec
+
+
+def _sample(name: str, p: dict, rng: random.Random) -> Any:
+    if "value" in p:
+        return p["value"]
+    if "values" in p:
+        return rng.choice(p["values"])
+    lo, hi = p["min"], p["max"]
+    kind = p["distribution"]
+    if kind == "int_uniform":
+        return rng.randint(int(lo), int(hi))
+    if kind == "log_uniform_values":
+        return math.exp(rng.uniform(math.log(lo), math.log(hi)))
+    if kind == "q_uniform":
+        q = p.get("q", 1)
+        return round(rng.uniform(lo, hi) / q) * q
+    return rng.uniform(lo, hi)
+
+
+def configurations(spec: dict, method: str | None = None, max_runs: int | None = None,
+                   seed: int = 0) -> list[dict[str, Any]]:
+    """The runs of a sweep, in order: grid = the full product (truncated to ``max_runs``),
+    random = ``max_runs`` draws from a generator seeded with ``seed``."""
+    method = method or spec.get("method")
+    where = spec.get("_path", "sweep")
+    if method not in METHODS:
+        raise SweepError(
+            f"{where}: method {method!r} cannot run locally; use one of {list(METHODS)} "
+            f"(override with --method)"
+        )
+    params: dict[str, dict] = spec["parameters"]
+    if method == "grid":
+        axes = []
+        for name, p in params.items():
+            if "distribution" in p and "values" not in p:
+                raise SweepError(
+                    f"{where}: grid search needs 'values' for parameter {name!r}, which has "
+                    f"a distribution; use --method random"
+                )
+            axes.append([(name, v) for v in (p["values"] if "values" in p else [p["value"]])])
+        runs = [dict(combo) for combo in itertools.product(*axes)]
+        return runs[:max_runs] if max_runs is not None else runs
+    if max_runs is None:
+        raise SweepError(f"{where}: a random sweep needs --max-runs")
+    rng = random.Random(seed)
+    return [{name: _sample(name, p, rng) for name, p in params.items()}
+            for _ in range(max_runs)]
+
+
+def _format_arg(name: str, value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return f"--{name}={text}"
+
+
+def build_command(spec: dict, params: dict[str, Any], extra_args: Sequence[str]) -> list[str]:
+    """The sweep's ``command`` with wandb's macros expanded for one run."""
+    args = [_format_arg(k, v) for k, v in params.items()]
+    command: list[str] = []
+    for item in spec.get("command") or DEFAULT_COMMAND:
+        item = str(item)
+        if item == "${env}":
+            continue  # wandb's "/usr/bin/env"; not needed when we start the process
+        if item in ("${interpreter}", "python", "python3"):
+            command.append(sys.executable)
+        elif item == "${program}":
+            command.append(str(spec.get("program", "")))
+        elif item == "${args}":
+            command += args
+        elif item == "${args_no_hyphens}":
+            command += [a.removeprefix("--") for a in args]
+        else:
+            command.append(item)
+    return command + list(extra_args)
+
+
+def _metric_value(metrics: dict, name: str) -> float | None:
+    value = metrics.get(name)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def ranked_table(spec: dict, results: list[dict]) -> str:
+    """Markdown table, best first by the sweep metric; failed runs last."""
+    metric, goal = spec["metric"]["name"], spec["metric"]["goal"]
+    names = list(spec["parameters"])
+    sign = 1.0 if goal == "minimize" else -1.0
+    ordered = sorted(results, key=lambda r: (r["metric"] is None,
+                                             sign * r["metric"] if r["metric"] is not None
+                                             else 0.0, r["run"]))
+    lines = [f"| rank | run | {' | '.join(names)} | {metric} ({goal}) | status | time (s) |",
+             "|" + "---|" * (len(names) + 5)]
+    for rank, r in enumerate(ordered, 1):
+        value = f"{r['metric']:.4g}" if r["metric"] is not None else "—"
+        cells = " | ".join(str(r["params"].get(n)) for n in names)
+        lines.append(f"| {rank} | {r['run']} | {cells} | {value} | {r['status']} | "
+                     f"{r['seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def run_sweep(file: str, max_runs: int | None = None, method: str | None = None,
+              out: str = "runs/sweep", extra_args: Sequence[str] = (), seed: int = 0) -> str:
+    """Run every configuration of a sweep offline; return the ranked markdown table."""
+    spec = load_sweep(file)
+    runs = configurations(spec, method=method, max_runs=max_runs, seed=seed)
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metric = spec["metric"]["name"]
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
+    env.setdefault("WARP_CACHE_PATH", str(conf_dir().parent / ".cache" / "warp"))
+    results = []
+    for k, params in enumerate(runs):
+        run_dir = out_dir / f"run-{k:03d}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics_file = run_dir / "metrics.json"
+        metrics_file.unlink(missing_ok=True)
+        command = build_command(spec, params, [
+            *extra_args,
+            f"--trainer.default_root_dir={run_dir}",
+            "--trainer.callbacks+=nactuator.training.callbacks.FinalMetrics",
+            f"--trainer.callbacks.path={metrics_file}",
+        ])
+        print(f"[sweep] run {k + 1}/{len(runs)}: {params}", flush=True)
+        started = time.perf_counter()
+        with open(run_dir / "log.txt", "w") as log:
+            log.write(" ".join(command) + "\n")
+            log.flush()
+            proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                  cwd=conf_dir().parent)
+        seconds = time.perf_counter() - started
+        metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
+        value = _metric_value(metrics, metric)
+        status = "ok" if proc.returncode == 0 and value is not None else (
+            f"failed (exit {proc.returncode}, see {run_dir / 'log.txt'})"
+            if proc.returncode else f"no {metric}")
+        results.append({"run": run_dir.name, "params": params, "metric": value,
+                        "metrics": metrics, "status": status, "seconds": seconds,
+                        "returncode": proc.returncode, "command": command})
+        print(f"[sweep]   {metric} = {value} ({status}, {seconds:.0f} s)", flush=True)
+    table = ranked_table(spec, results)
+    summary = {"file": spec["_path"], "method": method or spec.get("method"),
+               "metric": spec["metric"], "seed": seed, "runs": results}
+    _write_atomic(out_dir / "results.json", json.dumps(summary, indent=2, default=str))
+    _write_atomic(out_dir / "results.md", table + "\n")
+    return table

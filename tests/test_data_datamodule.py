@@ -1,0 +1,261 @@
+"""NADDataModule: Contract 2 batches, window alignment, padding, splits, norm stats, seeding.
+
+Synthetic datasets encode each frame's identity in its values (q = 1000 * episode + frame),
+so every alignment claim is checked exactly.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from nactuator.data import DataFormatError, DatasetWriter
+from nactuator.data.datamodule import NADDataModule
+from nactuator.data.importers import import_nad
+from nactuator.platforms import load_platform
+
+OMX = load_platform("omx")
+N = OMX.n
+
+
+def coded_frames(code: int, T: int) -> dict[str, np.ndarray]:
+    """Frames whose q equals 1000 * code + frame index on every channel."""
+    t = np.arange(T, dtype=np.float64)
+    ident = np.repeat((1000 * code + t)[:, None], N, axis=1)
+    force = np.full((T, 3), np.nan)
+    force[T // 2 :] = [0.0, 0.0, -2.0]
+    cond = np.full((T, N), np.nan)
+    cond[:, 2] = 0.0
+    return {
+        "q_cmd": ident + 0.5,
+        "q": ident,
+        "qd": np.ones((T, N)) * code,
+        "effort": np.sin(t)[:, None].repeat(N, 1),
+        "voltage": np.full((T, N), 12.0),
+        "temperature": np.full((T, N), 35.0),
+        "force": force,
+        "condition": cond,
+        "payload_mass": np.full(T, 0.1 * code),
+    }
+
+
+@pytest.fixture
+def coded(tmp_path):
+    """Episodes 0..4: train 40, 25, 12 frames; validation 30; test 50 frames."""
+    root = tmp_path / "coded"
+    layout = [(40, "train"), (25, "train"), (12, "train"), (30, "validation"), (50, "test")]
+    with DatasetWriter(root, OMX, OMX.fps) as w:
+        for code, (T, split) in enumerate(layout):
+            w.add_episode(coded_frames(code, T), f"task{code % 2}", split)
+    return root
+
+
+def test_batch_matches_contract_2(coded):
+    dm = NADDataModule(coded, "omx", history=8, horizon=10, batch_size=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the 12-frame episode is skipped (tested below)
+        batch = next(iter(dm.train_dataloader()))
+    T = 8 + 10 + 1
+    for key in ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "condition"):
+        assert batch[key].shape == (4, T, N) and batch[key].dtype == torch.float32
+    assert batch["force"].shape == (4, T, 3)
+    assert batch["condition_valid"].shape == (4, T, N)
+    assert batch["condition_valid"].dtype == torch.bool
+    for key in ("force_valid", "payload_mass", "pad"):
+        assert batch[key].shape == (4, T)
+    assert batch["force_valid"].dtype == torch.bool and batch["pad"].dtype == torch.bool
+    assert batch["episode_index"].shape == (4,) and batch["start"].shape == (4,)
+    assert torch.isfinite(batch["force"]).all() and torch.isfinite(batch["condition"]).all()
+
+
+def test_frames_are_aligned_and_padded(coded):
+    dm = NADDataModule(coded, "omx", history=8, horizon=10, batch_size=1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batch = next(iter(dm.train_dataloader()))
+    # Every valid start of the three train episodes, once: s in [0, L - H - 1].
+    assert len(batch["start"]) == (40 - 10) + (25 - 10) + (12 - 10)
+    offsets = torch.arange(-8, 11)
+    for b in range(len(batch["start"])):
+        e, s = int(batch["episode_index"][b]), int(batch["start"][b])
+        frame = s + offsets  # frame index of each of the T positions
+        real = frame >= 0
+        assert torch.equal(batch["pad"][b], ~real)
+        q = batch["q"][b, :, 0]
+        assert torch.equal(q[real], (1000 * e + frame[real]).float())  # one episode only
+        assert (q[~real] == 0).all() and (batch["q_cmd"][b][~real] == 0).all()
+        assert s + 10 < dm.episodes[e].length  # the scored frame s + H exists
+        # force: NaN -> 0 with a validity flag; second half of each episode labelled
+        length = dm.episodes[e].length
+        labelled = real & (frame >= length // 2)
+        assert torch.equal(batch["force_valid"][b], labelled)
+        assert (batch["force"][b, :, 2][labelled] == -2.0).all()
+        assert (batch["force"][b][~labelled] == 0).all()
+        assert torch.equal(batch["condition_valid"][b, :, 2], real)
+        assert not batch["condition_valid"][b, :, [0, 1, 3, 4]].any()
+        np.testing.assert_allclose(batch["payload_mass"][b][real], 0.1 * e, rtol=1e-6)
+    assert set(batch["start"].tolist()) == set(range(30))
+
+
+def test_short_episodes_are_skipped_with_a_warning_and_none_left_is_an_error(coded):
+    dm = NADDataModule(coded, "omx", horizon=20, batch_size=8)
+    with pytest.warns(UserWarning, match=r"skipping 1 train episode\(s\) shorter than horizon "
+                      r"\+ 1 = 21 frames: task0#2 \(12 frames\)"):
+        n = sum(len(b["start"]) for b in dm.train_dataloader())
+    assert n == (40 - 20) + (25 - 20)
+    with pytest.raises(DataFormatError, match=r"no train episode has horizon \+ 1 = 41 frames "
+                       r"\(3 train episodes, longest 40 frames\)"), pytest.warns(UserWarning):
+        dm.set_horizon(40)
+
+
+def test_set_horizon_changes_segment_length_between_and_within_epochs(coded):
+    dm = NADDataModule(coded, "omx", history=8, horizon=5, batch_size=2)
+    loader = dm.train_dataloader()
+    it = iter(loader)
+    assert next(it)["q"].shape[1] == 8 + 5 + 1
+    dm.set_horizon(9)
+    assert next(it)["q"].shape[1] == 8 + 9 + 1  # the curriculum acts on the next batch
+    assert next(iter(loader))["q"].shape[1] == 18
+    assert len(loader) == ((40 - 9) + (25 - 9) + (12 - 9) + 1) // 2
+
+
+def test_validation_and_test_tile_each_episode(coded):
+    dm = NADDataModule(coded, "omx", history=8, horizon=10, batch_size=64)
+    val = list(dm.val_dataloader())
+    assert len(val) == 1
+    b = val[0]
+    assert b["start"].tolist() == [0, 10]  # 30 frames: [0, 10] and [10, 20]; tail unscored
+    assert set(b["episode_index"].tolist()) == {3}
+    test = next(iter(dm.test_dataloader()))
+    assert test["start"].tolist() == [0, 10, 20, 30]
+    again = next(iter(dm.test_dataloader()))
+    assert torch.equal(test["q"], again["q"])  # deterministic
+
+
+def test_norm_stats_use_the_train_split_only(coded):
+    dm = NADDataModule(coded, "omx")
+    stats = dm.norm_stats
+    train_q = np.concatenate([1000 * c + np.arange(T) for c, T in ((0, 40), (1, 25), (2, 12))])
+    np.testing.assert_allclose(stats["q"]["mean"], [train_q.mean()] * N, rtol=1e-6)
+    np.testing.assert_allclose(stats["q"]["std"], [train_q.std()] * N, rtol=1e-5)
+    np.testing.assert_allclose(stats["error"]["mean"], [0.5] * N, rtol=1e-6)
+    assert stats["error"]["std"] == [1.0] * N  # constant channel: std floored to 1
+    assert stats["voltage"]["mean"] == pytest.approx([12.0] * N)
+    assert set(stats) == {"q_cmd", "q", "qd", "effort", "voltage", "temperature", "error"}
+    train_qd = np.concatenate([np.full(T, c) for c, T in ((0, 40), (1, 25), (2, 12))])
+    np.testing.assert_allclose(stats["qd"]["mean"], [train_qd.mean()] * N, rtol=1e-6)
+
+
+def test_seeded_sampling(coded):
+    def starts(seed, epochs=2):
+        dm = NADDataModule(coded, "omx", horizon=5, batch_size=8, seed=seed)
+        loader = dm.train_dataloader()
+        return [torch.cat([b["start"] * 100 + b["episode_index"] for b in loader]).tolist()
+                for _ in range(epochs)]
+
+    a, b, c = starts(0), starts(0), starts(1)
+    assert a == b  # same seed, same order, epoch by epoch
+    assert a[0] != a[1]  # a new order each epoch ...
+    assert sorted(a[0]) == sorted(a[1])  # ... of the same segments
+    assert a[0] != c[0]
+
+
+def test_samples_per_epoch_draws_a_fixed_number(coded):
+    dm = NADDataModule(coded, "omx", horizon=5, batch_size=8, samples_per_epoch=20)
+    loader = dm.train_dataloader()
+    assert len(loader) == 3
+    assert sum(len(b["start"]) for b in loader) == 20
+
+
+def test_windows_view(coded):
+    dm = NADDataModule(coded, "omx", history=8)
+    w = dm.windows("validation")
+    assert w["q"].shape == (30, 9, N)
+    assert torch.equal(w["frame"], torch.arange(30))
+    # Token t of window i is frame (frame[i] - 8 + t); the last token is the current frame.
+    assert torch.equal(w["q"][:, -1, 0], (3000 + torch.arange(30)).float())
+    assert torch.equal(w["pad"][0], torch.tensor([True] * 8 + [False]))
+    assert not w["pad"][8:].any()
+    assert (w["q"][w["pad"]] == 0).all()
+    batch = dm.window_batch("validation", np.array([12, 3]))
+    assert torch.equal(batch["q"], w["q"][[12, 3]])
+
+
+def test_temperature_spikes_are_filtered(tmp_path):
+    frames = coded_frames(0, 30)
+    frames["temperature"][10, 1] = 95.0  # one-frame spike
+    frames["temperature"][20:, 3] = 40.0  # a real step is kept
+    with DatasetWriter(tmp_path / "ds", OMX, OMX.fps) as w:
+        w.add_episode(frames, "t", "train")
+    temp = NADDataModule(tmp_path / "ds", "omx").windows("train")["temperature"][:, -1]
+    assert temp[10, 1] == 35.0
+    assert temp[19, 3] == 35.0 and temp[20, 3] == 40.0
+    raw = NADDataModule(tmp_path / "ds", "omx", filter_temperature=False).windows("train")
+    assert raw["temperature"][10, -1, 1] == 95.0
+
+
+def test_several_datasets_and_platform_mismatch(coded, tmp_path):
+    dm = NADDataModule(f"{coded},{coded}", "omx", horizon=5)
+    assert len(dm.episodes) == 10
+    assert dm.episodes[7].dataset_episode == 2 and dm.episodes[7].index == 7
+    so101 = load_platform("so101")
+    other = tmp_path / "so101"
+    with DatasetWriter(other, so101, so101.fps) as w:
+        f = coded_frames(0, 20)
+        w.add_episode({k: (np.repeat(v[:, :1], 6, 1) if v.ndim == 2 and v.shape[1] == N else v)
+                       for k, v in f.items()}, "t", "train")
+    with pytest.raises(DataFormatError, match="dataset platform is 'so101', but the DataModule "
+                       "was built for 'omx'"):
+        NADDataModule([coded, other], "omx").setup()
+
+
+def test_real_so101_smoke(nad_dir, tmp_path):
+    out = tmp_path / "so101"
+    import_nad(nad_dir / "so101", out)
+    dm = NADDataModule(out, "so101", horizon=128, batch_size=16, samples_per_epoch=32)
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["q"].shape == (16, 137, 6)
+    labelled = batch["force"][batch["force_valid"]]  # (frames, 3)
+    assert len(labelled) > 0
+    assert torch.allclose(labelled, torch.tensor([0.0, 0.0, -4.9]))  # x, y unlabelled -> 0
+    assert 10 < dm.norm_stats["voltage"]["mean"][0] < 13
+    assert max(dm.norm_stats["temperature"]["mean"]) < 60  # spikes filtered before stats
+    val = list(dm.val_dataloader())
+    assert sum(len(b["start"]) for b in val) == (695 - 1 - 128) // 128 + 1
+
+
+def test_lightning_fit_with_a_horizon_curriculum(coded):
+    import lightning as L
+
+    seen = []
+
+    class Probe(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch, i):
+            seen.append(("train", self.current_epoch, batch["q"].shape[1]))
+            return (self.w * batch["q"].mean()) ** 2
+
+        def validation_step(self, batch, i):
+            seen.append(("val", self.current_epoch, batch["q"].shape[1]))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Curriculum(L.Callback):
+        def on_train_epoch_start(self, trainer, module):
+            trainer.datamodule.set_horizon([5, 9][trainer.current_epoch])
+
+    dm = NADDataModule(coded, "omx", history=8, horizon=5, batch_size=4, samples_per_epoch=8)
+    trainer = L.Trainer(max_epochs=2, callbacks=[Curriculum()], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(Probe(), datamodule=dm)
+    train = [t for kind, _, t in seen if kind == "train"]
+    assert train == [14, 14, 18, 18]  # 2 batches per epoch; T = 8 + H + 1
+    assert ("val", 1, 18) in seen  # validation tiles follow the current horizon

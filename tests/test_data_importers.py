@@ -1,0 +1,372 @@
+"""Importers against the real NAD (SO-101, OMX) and BAM files, plus every bad-input case.
+
+Raw files are read independently here with the csv/json modules and compared with what
+the importer stored, so a unit slip in the importer cannot hide behind itself.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nactuator.data import DataFormatError, read_dataset
+from nactuator.data.importers import expand_header, import_bam, import_nad, read_nad_csv
+from nactuator.data.info import describe
+from nactuator.platforms import load_platform
+
+
+def raw_csv(path: Path) -> dict[str, np.ndarray]:
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    return {name: np.array([float(r[i]) for r in rows[1:]]) for i, name in enumerate(rows[0])}
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def so101(nad_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("so101") / "ds"
+    summary = import_nad(nad_dir / "so101", out)
+    return out, summary, read_dataset(out)
+
+
+@pytest.fixture(scope="module")
+def omx(nad_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("omx") / "ds"
+    import_nad(nad_dir / "omx", out)
+    return out, read_dataset(out)
+
+
+@pytest.fixture(scope="module")
+def bam(bam_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bam") / "ds"
+    summary = import_bam(bam_dir / "xl330" / "raw", out)
+    return out, summary, read_dataset(out)
+
+
+# --------------------------------------------------------------------------- SO-101
+
+
+def test_so101_frames_splits_and_labels(so101, nad_dir):
+    out, summary, ds = so101
+    files = sorted((nad_dir / "so101").rglob("*.csv"))
+    assert ds.platform == "so101" and ds.fps == pytest.approx(62.3)
+    assert len(ds.episodes) == len(files)
+    assert [e.split for e in ds.episodes].count("validation") == 1
+    assert {e.task for e in ds.episodes} == {"pick_and_place/500g"}
+    assert all(e.payload_mass == pytest.approx(0.5) for e in ds.episodes)
+    by_source = {e.meta["source"]: e for e in ds.episodes}
+    for f in files:
+        raw = raw_csv(f)
+        ep = by_source["/".join(f.parts[-4:])]
+        assert ep.length == len(raw["timestamp"])
+        carry = raw["force_z"] == -4.9
+        assert carry.sum() > 200  # the carry interval (nad-format.md §9)
+        assert np.isin(raw["force_z"], (-4.9, -999)).all()  # nothing else in these files
+        fz = ep.frames["force"][:, 2]
+        np.testing.assert_array_equal(np.isnan(fz), raw["force_z"] == -999)
+        np.testing.assert_allclose(fz[carry], -4.9, rtol=1e-6)
+        assert np.isnan(ep.frames["force"][:, :2]).all()  # x, y are -999 throughout
+        np.testing.assert_allclose(ep.frames["payload_mass"][:, 0], np.where(carry, 0.5, 0.0))
+    assert "imported 9 episodes" in summary and "train 8, validation 1" in summary
+
+
+def test_so101_units_are_si(so101, nad_dir):
+    _, _, ds = so101
+    f = nad_dir / "so101" / "pick_and_place" / "500g" / "train" / "001.csv"
+    raw = raw_csv(f)
+    ep = next(e for e in ds.episodes if e.meta["source"].endswith("train/001.csv"))
+    fr = ep.frames
+    for j in range(6):
+        np.testing.assert_allclose(fr["qd"][:, j], raw[f"vel{j + 1}"] * 2 * math.pi / 4096,
+                                   rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(fr["effort"][:, j], raw[f"load{j + 1}"] / 1000, atol=1e-7)
+        np.testing.assert_allclose(fr["voltage"][:, j], raw[f"volts{j + 1}"] / 10, rtol=1e-6)
+        np.testing.assert_allclose(fr["current"][:, j], raw[f"current{j + 1}"] * 0.0065,
+                                   rtol=1e-6)
+        np.testing.assert_allclose(fr["q"][:, j], raw[f"pos{j + 1}"], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(fr["q_cmd"][:, j], raw[f"goal_pos{j + 1}"], atol=1e-6)
+    assert 10.0 < np.median(fr["voltage"]) < 13.0  # a 12 V bus, not 122 "dV"
+    assert np.abs(fr["effort"]).max() <= 1.0  # fraction of max torque
+    assert np.isnan(fr["pwm"]).all()  # not recorded on SO-101
+    assert np.isnan(fr["condition"]).all()  # unlabelled
+    # One-frame temperature spikes are kept raw on disk (the DataModule filters them).
+    assert np.array_equal(fr["temperature"], raw_temps(raw))
+
+
+def raw_temps(raw):
+    return np.stack([raw[f"temp{j + 1}"] for j in range(6)], axis=1).astype(np.float32)
+
+
+def test_describe_reports_dataset(so101):
+    out, _, ds = so101
+    text = describe(out)
+    assert "platform: so101" in text and "fps: 62.3" in text
+    assert f"episodes: 9   frames: {sum(e.length for e in ds.episodes)}" in text
+    assert "pick_and_place/500g: 9 episodes (train 8, validation 1), payload 0.5 kg" in text
+    assert "observation.ee_force (force):" in text
+    x_line = next(ln for ln in text.splitlines() if ln.strip().startswith("x "))
+    assert "NaN 100.0%" in x_line
+
+
+# --------------------------------------------------------------------------- OMX
+
+
+def test_omx_units_gripper_and_force(omx, nad_dir):
+    _, ds = omx
+    assert ds.platform == "omx" and len(ds.episodes) == 18
+    assert {e.task for e in ds.episodes} == {"force_sensor/force_z_minus",
+                                             "force_sensor/force_z_minus_ref"}
+    f = nad_dir / "omx" / "force_sensor" / "force_z_minus" / "train" / "001.csv"
+    raw = raw_csv(f)
+    source = "force_sensor/force_z_minus/train/001.csv"
+    ep = next(e for e in ds.episodes if e.meta["source"] == source)
+    fr = ep.frames
+    assert ep.length == len(raw["timestamp"])
+    np.testing.assert_allclose(fr["q"][:, 4], raw["aperture"] / 1000, rtol=1e-6)
+    np.testing.assert_allclose(fr["q_cmd"][:, 4], raw["goal_aperture"] / 1000, rtol=1e-6)
+    np.testing.assert_allclose(fr["q"][:, 2], raw["pos3"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(fr["effort"][:, 1], raw["current2"] / 1000, rtol=1e-6)
+    np.testing.assert_allclose(fr["pwm"][:, 0], raw["pwm1"] / 885, rtol=1e-6)
+    np.testing.assert_allclose(fr["qd"][:, 3], raw["vel4"], rtol=1e-6, atol=1e-7)
+    # Gripper velocity = d(finger)/dt over the recorded timestamps.
+    np.testing.assert_allclose(fr["qd"][:, 4], np.gradient(raw["aperture"] / 1000,
+                                                           raw["timestamp"]), atol=1e-7)
+    np.testing.assert_allclose(fr["force"], np.stack([raw["force_x"], raw["force_y"],
+                                                      raw["force_z"]], 1), rtol=1e-6)
+    assert 12.0 < fr["voltage"].mean() < 13.5
+    ref = [e for e in ds.episodes if e.task.endswith("_ref")]
+    assert all(np.isnan(e.frames["force"]).all() for e in ref)  # -999 throughout -> NaN
+
+
+def test_motor_condition_labels_from_task_name(nad_dir, tmp_path):
+    src = nad_dir / "omx" / "force_sensor" / "force_z_minus_ref" / "train" / "001.csv"
+    root = tmp_path / "nad"
+    for task in ("pick_place_object_200g_degrade", "pick_place_object_200g"):
+        dst = root / "motor_condition" / task / "train" / "001.csv"
+        dst.parent.mkdir(parents=True)
+        shutil.copy(src, dst)
+    ds = read_dataset(_import(root, tmp_path / "ds"))
+    degrade = next(e for e in ds.episodes if e.task.endswith("_degrade"))
+    nominal = next(e for e in ds.episodes if not e.task.endswith("_degrade"))
+    np.testing.assert_array_equal(degrade.frames["condition"][0], [1, 1, 0, 1, 1])
+    np.testing.assert_array_equal(nominal.frames["condition"][0], [1, 1, 1, 1, 1])
+    assert degrade.payload_mass == pytest.approx(0.2)
+
+
+def _import(src, out, **kw):
+    import_nad(src, out, **kw)
+    return out
+
+
+FRANKA_HEADER = expand_header(load_platform("franka").data["nad"]["header"])
+
+
+def write_franka_csv(path: Path, rows: int = 40) -> None:
+    t = np.arange(rows) * 0.016
+    cols = {name: np.zeros(rows) for name in FRANKA_HEADER}
+    cols["timestamp"] = t
+    for j in range(1, 8):
+        cols[f"pos{j}"] = 0.1 * j + 0.01 * np.sin(t)
+        cols[f"cmd_pos{j}"] = np.full(rows, 0.1 * j)
+        cols[f"vel{j}"] = 0.01 * np.cos(t)
+        cols[f"tau_d{j}"] = np.full(rows, 0.5 * j)
+    cols["force_x"][:] = cols["force_y"][:] = -999
+    cols["force_z"][:] = -3.924
+    cols["lifting"][:] = 1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [",".join(FRANKA_HEADER)]
+    lines += [",".join(repr(float(cols[c][i])) for c in FRANKA_HEADER) for i in range(rows)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_franka_layout_detected(tmp_path):
+    write_franka_csv(tmp_path / "franka" / "lift_hold" / "test" / "400_001.csv")
+    ds = read_dataset(_import(tmp_path / "franka", tmp_path / "ds"))
+    ep = ds.episodes[0]
+    assert ds.platform == "franka" and ep.task == "lift_hold" and ep.split == "test"
+    assert ep.payload_mass == pytest.approx(0.4)
+    np.testing.assert_allclose(ep.frames["effort"][0], 0.5 * np.arange(1, 8))  # tau_d, N*m
+    np.testing.assert_allclose(ep.frames["q_cmd"][0], 0.1 * np.arange(1, 8), rtol=1e-6)
+    assert np.isnan(ep.frames["voltage"]).all()  # libfranka logs no bus voltage
+    np.testing.assert_allclose(ep.frames["force"][:, 2], -3.924, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- BAM
+
+
+def test_bam_grid_splits_and_pwm_decoding(bam, bam_dir):
+    out, summary, ds = bam
+    assert ds.platform == "pendulum" and ds.fps == 200
+    assert len(ds.episodes) == 16
+    splits = {e.meta["kp"]: e.split for e in ds.episodes}
+    assert splits == {100: "train", 200: "validation", 400: "train", 800: "test"}
+    for e in ds.episodes:
+        assert e.length == 1200  # 6 s on the 5 ms grid
+        np.testing.assert_allclose(np.diff(e.frames["timestamp"]), 0.005, atol=1e-5)
+        assert np.abs(e.frames["pwm"]).max() <= 1.0
+    # Decoded PWM follows kp * (goal - position): strongly correlated (real-data.md §2.3).
+    ep = next(e for e in ds.episodes if e.task == "sin_sin" and e.meta["kp"] == 400)
+    err = ep.frames["q_cmd"][:, 0] - ep.frames["q"][:, 0]
+    assert np.corrcoef(err, ep.frames["effort"][:, 0])[0, 1] > 0.9
+    raw = json.loads((bam_dir / "xl330" / "raw" / ep.meta["source"]).read_text())["entries"]
+    assert any(x["load"] > 32767 for x in raw)  # the wrapped values were really there
+    assert ep.frames["effort"].min() < -0.05  # ... and decode to negative duty
+    drop = next(e for e in ds.episodes if e.task == "lift_and_drop" and e.meta["kp"] == 100)
+    off = drop.frames["torque_enable"][:, 0] == 0
+    assert 0.6 < off.mean() < 0.7  # torque off for the last 4 s of 6
+    assert np.abs(drop.frames["pwm"][off]).max() == 0.0
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture
+def so101_file(nad_dir, tmp_path) -> Path:
+    """A writable copy (in tmp_path) of one real SO-101 file inside its NAD folder layout."""
+    src = nad_dir / "so101" / "pick_and_place" / "500g" / "validation" / "001.csv"
+    dst = tmp_path / "nad" / "so101" / "pick_and_place" / "500g" / "validation" / "001.csv"
+    dst.parent.mkdir(parents=True)
+    shutil.copy(src, dst)
+    return dst
+
+
+def edit_column(path: Path, column: str, fn) -> None:
+    lines = path.read_bytes().decode().split("\r\n")
+    header = lines[0].split(",")
+    j = header.index(column)
+    out = [lines[0]]
+    for ln in lines[1:]:
+        if ln:
+            cells = ln.split(",")
+            cells[j] = fn(cells[j])
+            ln = ",".join(cells)
+        out.append(ln)
+    path.write_bytes("\r\n".join(out).encode())
+
+
+def test_missing_column(so101_file):
+    text = so101_file.read_bytes().decode()
+    lines = [",".join(c for i, c in enumerate(ln.split(",")) if i != 27) for ln in
+             text.split("\r\n")]
+    so101_file.write_bytes("\r\n".join(lines).encode())
+    with pytest.raises(DataFormatError, match=r"001\.csv: header does not match the NAD so101 "
+                       r"layout.*missing columns \['load3'\]"):
+        read_nad_csv(so101_file)
+
+
+def test_misnamed_column(so101_file):
+    raw = so101_file.read_bytes().replace(b"volts3", b"voltage3", 1)
+    so101_file.write_bytes(raw)
+    with pytest.raises(DataFormatError, match=r"missing columns \['volts3'\], unexpected "
+                       r"columns \['voltage3'\]"):
+        read_nad_csv(so101_file)
+
+
+def test_volts_in_wrong_unit(so101_file):
+    edit_column(so101_file, "volts2", lambda v: str(float(v) / 10))  # V instead of dV
+    with pytest.raises(DataFormatError, match=r"'volts2' gives 1\.\d+\.\.1\.\d+ V .*expected "
+                       r"4\.0\.\.16\.0 V"):
+        read_nad_csv(so101_file)
+
+
+def test_positions_in_degrees(so101_file):
+    edit_column(so101_file, "pos4", lambda v: str(math.degrees(float(v))))
+    with pytest.raises(DataFormatError, match="q of channel 'wrist_flex' reaches .*'pos4'"):
+        read_nad_csv(so101_file)
+
+
+def test_timestamps_in_ms_fail_the_fps_check(so101_file):
+    edit_column(so101_file, "timestamp", lambda v: str(float(v) * 1000))
+    with pytest.raises(DataFormatError, match=r"timestamps imply 0\.06\d+ Hz but platform "
+                       r"'so101' records at 62\.3 Hz"):
+        read_nad_csv(so101_file)
+
+
+def test_nan_in_required_channel(so101_file):
+    lines = so101_file.read_bytes().split(b"\r\n")
+    cells = lines[5].split(b",")
+    cells[25] = b""  # load1 on data row 5 (file line 6)
+    lines[5] = b",".join(cells)
+    so101_file.write_bytes(b"\r\n".join(lines))
+    with pytest.raises(DataFormatError, match=r"column 'load1' is empty/NaN at data row 5 "
+                       r"\(line 6\) \(required channel 'effort'\)"):
+        read_nad_csv(so101_file)
+
+
+def test_empty_episode(so101_file):
+    so101_file.write_bytes(so101_file.read_bytes().split(b"\r\n")[0] + b"\r\n")
+    with pytest.raises(DataFormatError, match="empty episode: header but no data rows"):
+        read_nad_csv(so101_file)
+
+
+def test_truncated_last_row(so101_file):
+    raw = so101_file.read_bytes()
+    so101_file.write_bytes(raw[: len(raw) - 40])  # cut the last row mid-way
+    with pytest.raises(DataFormatError, match=r"truncated file: the last row \(line \d+\)"):
+        read_nad_csv(so101_file)
+
+
+def test_file_outside_a_split_folder(so101_file):
+    dst = so101_file.parent.parent / "001.csv"
+    so101_file.rename(dst)
+    with pytest.raises(DataFormatError, match="expected the file inside a split folder"):
+        read_nad_csv(dst)
+
+
+def test_failed_import_leaves_existing_dataset_untouched(so101_file, nad_dir, tmp_path):
+    out = tmp_path / "ds"
+    import_nad(nad_dir / "so101" / "pick_and_place" / "500g" / "train", out)
+    before = snapshot(out)
+    edit_column(so101_file, "volts1", lambda v: str(float(v) / 10))
+    good = so101_file.parent.parent / "test" / "001.csv"  # a good file next to the bad one
+    good.parent.mkdir()
+    shutil.copy(nad_dir / "so101" / "pick_and_place" / "500g" / "train" / "001.csv", good)
+    with pytest.raises(DataFormatError, match="volts1"):
+        import_nad(tmp_path / "nad", out)
+    assert snapshot(out) == before
+    assert not (tmp_path / "fresh").exists()
+    with pytest.raises(DataFormatError):
+        import_nad(tmp_path / "nad", tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()  # nothing half-written
+
+
+def test_platform_mismatch(nad_dir, so101_file, tmp_path):
+    out = tmp_path / "ds"
+    import_nad(so101_file, out)
+    with pytest.raises(DataFormatError, match="dataset platform is 'so101', cannot append 'omx'"):
+        import_nad(nad_dir / "omx" / "force_sensor" / "force_z_minus" / "validation", out)
+    with pytest.raises(DataFormatError, match="header does not match the NAD omx layout"):
+        import_nad(so101_file, tmp_path / "other", platform="omx")
+
+
+def test_bam_bad_inputs(bam_dir, tmp_path):
+    src = bam_dir / "xl330" / "raw" / "2026-01-15_10h28m10.json"
+    log = json.loads(src.read_text())
+    bad = tmp_path / "bad.json"
+    bad.write_text(src.read_text()[:5000])
+    with pytest.raises(DataFormatError, match=r"bad\.json: not valid JSON \(truncated file\?\)"):
+        import_bam(bad, tmp_path / "o1")
+    log["kp"] = 300
+    bad.write_text(json.dumps(log))
+    with pytest.raises(DataFormatError, match=r"kp 300 has no split .*known: \[100, 200, 400"):
+        import_bam(bad, tmp_path / "o2")
+    log["kp"] = 100
+    log["entries"][7]["load"] = 40000  # decodes to -25536: not a PWM register value
+    bad.write_text(json.dumps(log))
+    with pytest.raises(DataFormatError, match="entry 7 'load' = 40000 decodes to PWM -25536"):
+        import_bam(bad, tmp_path / "o3")
+    log["entries"] = []
+    bad.write_text(json.dumps(log))
+    with pytest.raises(DataFormatError, match="empty episode"):
+        import_bam(bad, tmp_path / "o4")
