@@ -184,17 +184,30 @@ def test_windows_view(coded):
     assert torch.equal(batch["q"], w["q"][[12, 3]])
 
 
-def test_temperature_spikes_are_filtered(tmp_path):
-    frames = coded_frames(0, 30)
+def test_temperature_glitches_are_filtered(tmp_path):
+    frames = coded_frames(0, 60)
     frames["temperature"][10, 1] = 95.0  # one-frame spike
-    frames["temperature"][20:, 3] = 40.0  # a real step is kept
+    frames["temperature"][30:33, 0] = [49.0, 54.0, 58.0]  # a burst, as in the SO-101 files
+    frames["temperature"][40:, 3] = 40.0  # a real step is kept
     with DatasetWriter(tmp_path / "ds", OMX, OMX.fps) as w:
         w.add_episode(frames, "t", "train")
     temp = NADDataModule(tmp_path / "ds", "omx").windows("train")["temperature"][:, -1]
-    assert temp[10, 1] == 35.0
-    assert temp[19, 3] == 35.0 and temp[20, 3] == 40.0
-    raw = NADDataModule(tmp_path / "ds", "omx", filter_temperature=False).windows("train")
+    assert temp[10, 1] == 35.0 and (temp[30:33, 0] == 35.0).all()
+    assert temp[39, 3] == 35.0 and temp[40, 3] == 40.0
+    assert (temp[:, 2] == 35.0).all()
+    raw = NADDataModule(tmp_path / "ds", "omx", temperature_median=1).windows("train")
     assert raw["temperature"][10, -1, 1] == 95.0
+
+
+def test_temperature_median_never_mixes_episodes(tmp_path):
+    a, b = coded_frames(0, 20), coded_frames(1, 20)
+    a["temperature"][:] = 30.0
+    b["temperature"][:] = 50.0
+    with DatasetWriter(tmp_path / "ds", OMX, OMX.fps) as w:
+        w.add_episode(a, "t", "train")
+        w.add_episode(b, "t", "train")
+    temp = NADDataModule(tmp_path / "ds", "omx").windows("train")["temperature"][:, -1, 0]
+    assert (temp[:20] == 30.0).all() and (temp[20:] == 50.0).all()
 
 
 def test_several_datasets_and_platform_mismatch(coded, tmp_path):
@@ -222,7 +235,8 @@ def test_real_so101_smoke(nad_dir, tmp_path):
     assert len(labelled) > 0
     assert torch.allclose(labelled, torch.tensor([0.0, 0.0, -4.9]))  # x, y unlabelled -> 0
     assert 10 < dm.norm_stats["voltage"]["mean"][0] < 13
-    assert max(dm.norm_stats["temperature"]["mean"]) < 60  # spikes filtered before stats
+    assert max(dm.norm_stats["temperature"]["mean"]) < 45  # glitches filtered before stats
+    assert dm.windows("train")["temperature"].max() < 45  # raw files reach 150 degC
     val = list(dm.val_dataloader())
     assert sum(len(b["start"]) for b in val) == (695 - 1 - 128) // 128 + 1
 

@@ -58,7 +58,7 @@ def test_five_second_recording_rate_units_and_tracking(omx, tmp_path) -> None:
     assert ((f["temperature"] > 15) & (f["temperature"] < 60)).all()
     # The follower tracks the leader's scripted motion (world servo: a lag of a few frames).
     for j in range(4):
-        assert np.corrcoef(f["q_cmd"][:, j], f["q"][:, j])[0, 1] > 0.9
+        assert np.corrcoef(f["q_cmd"][:, j], f["q"][:, j])[0, 1] > 0.8
     assert np.abs(f["q"] - f["q_cmd"])[:, :4].mean() < 0.15
     # payload 0 g labels the whole episode as free motion (zero force)
     np.testing.assert_array_equal(f["force"], 0.0)
@@ -100,8 +100,8 @@ def test_dead_servo_mid_recording_is_marked_not_invented(omx, tmp_path) -> None:
     assert ep.length >= 0.8 * 1.5 * omx.fps * 0.7  # a few slots cost by timeouts at most
 
 
-@pytest.mark.parametrize("faults", [Faults(corrupt_rate=0.1, seed=3), Faults(drop_rate=0.1, seed=4)],
-                         ids=["corrupt", "drop"])
+@pytest.mark.parametrize("faults", [Faults(corrupt_rate=0.1, seed=3),
+                                    Faults(drop_rate=0.1, seed=4)], ids=["corrupt", "drop"])
 def test_corrupt_and_dropped_replies_are_retried(omx, tmp_path, faults) -> None:
     leader, follower = _arms(omx, "dynamixel", faults)
     with leader, follower:

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from nactuator.data.format import SPLITS, DataFormatError, read_dataset
-from nactuator.data.stats import median3_within_episodes, norm_stats
+from nactuator.data.stats import median_within_episodes, norm_stats
 from nactuator.platforms import Platform, load_platform
 
 __all__ = ["EpisodeInfo", "NADDataModule"]
@@ -127,8 +127,9 @@ class NADDataModule(L.LightningDataModule):
         samples_per_epoch: training segments drawn (with replacement) per epoch; ``None``
             draws every valid start once, in a seeded random order.
         seed: seeds the training order (epoch e uses ``default_rng([seed, e])``).
-        filter_temperature: 3-frame median on temperature before use (removes one-frame
-            telemetry spikes).
+        temperature_median: odd window (frames) of the running median applied to
+            temperature before use; removes telemetry glitches (single frames and bursts of
+            up to window // 2 frames). 1 serves the raw values.
         eval_batch_size: segments per validation/test batch (default: ``batch_size``).
     """
 
@@ -141,12 +142,16 @@ class NADDataModule(L.LightningDataModule):
         batch_size: int = 16,
         samples_per_epoch: int | None = None,
         seed: int = 0,
-        filter_temperature: bool = True,
+        temperature_median: int = 11,
         eval_batch_size: int | None = None,
     ) -> None:
         super().__init__()
         self.paths = _as_paths(paths)
         self.platform = platform if isinstance(platform, Platform) else load_platform(platform)
+        # Plain-data hparams: they go into checkpoints (the training config of a bundle).
+        self.save_hyperparameters(ignore=["paths", "platform"])
+        self.hparams["paths"] = [str(p) for p in self.paths]
+        self.hparams["platform"] = self.platform.name
         if history < 0:
             raise ValueError(f"history must be >= 0, got {history}")
         if batch_size < 1:
@@ -158,7 +163,10 @@ class NADDataModule(L.LightningDataModule):
         self.eval_batch_size = int(eval_batch_size or batch_size)
         self.samples_per_epoch = samples_per_epoch
         self.seed = int(seed)
-        self.filter_temperature = filter_temperature
+        if temperature_median < 1 or temperature_median % 2 == 0:
+            raise ValueError(f"temperature_median must be a positive odd number of frames, "
+                             f"got {temperature_median}")
+        self.temperature_median = int(temperature_median)
         self.horizon = self._check_horizon(horizon)
         self._loaded = False
         self._warned: set[tuple[str, int]] = set()
@@ -285,8 +293,9 @@ class NADDataModule(L.LightningDataModule):
                   ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "force",
                    "condition", "payload_mass")}
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        if self.filter_temperature:
-            frames["temperature"] = median3_within_episodes(frames["temperature"], starts, lengths)
+        frames["temperature"] = median_within_episodes(
+            frames["temperature"], starts, lengths, self.temperature_median
+        )
 
         train_rows = np.concatenate(
             [np.arange(s, s + ln) for s, ln, e in zip(starts, lengths, episodes, strict=True)

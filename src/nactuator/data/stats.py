@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["NORM_KEYS", "STD_FLOOR", "median3_within_episodes", "norm_stats"]
+__all__ = ["NORM_KEYS", "STD_FLOOR", "median_within_episodes", "norm_stats"]
 
 NORM_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
 # Below this a channel is treated as constant (std := 1), so dividing by std can't blow up
@@ -16,26 +16,28 @@ NORM_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
 STD_FLOOR = 1e-6
 
 
-def median3_within_episodes(x: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """3-frame running median along time, never reaching across an episode boundary.
+def median_within_episodes(
+    x: np.ndarray, starts: np.ndarray, lengths: np.ndarray, window: int = 5
+) -> np.ndarray:
+    """Running median over ``window`` frames along time, never reaching across episodes.
 
-    Removes the isolated one-frame spikes in servo temperature telemetry (a 95 degC sample
-    in a 35 degC stream) while leaving steps and slow drifts untouched. At an episode's
-    first/last frame the missing neighbour is replaced by the frame itself, so edge values
-    are kept unless both real neighbours agree against them.
+    Removes the isolated spikes in servo temperature telemetry (a 95-150 degC sample in a
+    35 degC stream; runs of up to ``window // 2`` bad frames) while keeping steps and slow
+    drifts. Near an episode's ends the window is clamped to the episode (edge frames
+    repeat). ``window`` <= 1 returns a copy.
     """
-    if len(x) == 0:
+    if window <= 1 or len(x) == 0:
         return x.copy()
-    prev = np.empty_like(x)
-    nxt = np.empty_like(x)
-    prev[1:], prev[0] = x[:-1], x[0]
-    nxt[:-1], nxt[-1] = x[1:], x[-1]
-    first = starts
-    last = starts + lengths - 1
-    prev[first] = x[first]
-    nxt[last] = x[last]
-    lo, hi = np.minimum(prev, x), np.maximum(prev, x)
-    return np.maximum(lo, np.minimum(hi, nxt))
+    if window % 2 == 0:
+        raise ValueError(f"median window must be odd, got {window}")
+    first = np.repeat(starts, lengths)
+    last = first + np.repeat(lengths, lengths) - 1
+    rows = np.arange(len(x))
+    half = window // 2
+    shifted = np.stack(
+        [x[np.clip(rows + d, first, last)] for d in range(-half, half + 1)], axis=0
+    )
+    return np.median(shifted, axis=0).astype(x.dtype)
 
 
 def norm_stats(frames: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, dict[str, list]]:

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -58,12 +59,13 @@ def run_tasks(
     seed: int,
     seconds: float | None = None,
     kin: Kinematics | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[tuple[str, dict[str, np.ndarray], dict]]:
     """Simulate ``reps`` repetitions of each task, all arms in one lock-step batch.
 
     Returns (task, Contract-1 frames, episode meta) per episode, tasks in order. An arm's data
     depend only on the seed, its task and its repetition (per-arm noise streams), not on which
-    other tasks share the batch.
+    other tasks share the batch. ``progress(frame, frames)`` is called after every frame.
     """
     kin = kin or (Kinematics(platform) if platform.n > 1 else None)
     jobs = [(task, r) for task in tasks for r in range(reps)]
@@ -106,6 +108,8 @@ def run_tasks(
         for key in keys[1:]:
             logs[key][k] = tel[key]
         world.step(platform.control_dt)
+        if progress is not None:
+            progress(k + 1, t_max)
 
     episodes = []
     for e, ((task, r), p) in enumerate(zip(jobs, plans, strict=True)):
@@ -203,14 +207,19 @@ def synthesize(
         writer = DatasetWriter(tmp, plat, fps=plat.fps, metadata=metadata)
         per_batch = max(1, MAX_ARMS_PER_BATCH // trajectories_per_task)
         batches = [names[i:i + per_batch] for i in range(0, len(names), per_batch)]
-        with tqdm(total=len(names) * trajectories_per_task, desc=f"synth {plat.name}",
-                  unit="traj", disable=None) as bar:
-            for batch in batches:
+        with tqdm(total=float(len(batches)), desc=f"synth {plat.name}", unit="batch",
+                  bar_format="{l_bar}{bar}| {n:.2f}/{total:.0f} batches [{elapsed}<{remaining}]",
+                  disable=None) as bar:
+            for b, batch in enumerate(batches):
+                def progress(k: int, frames: int, b: int = b) -> None:
+                    if k % 20 == 0 or k == frames:
+                        bar.n = b + k / frames
+                        bar.refresh()
+
                 for task, frames, meta in run_tasks(plat, params, batch, trajectories_per_task,
-                                                    seed, seconds, kin):
+                                                    seed, seconds, kin, progress):
                     writer.add_episode(frames, task, meta["split"], episode_meta=meta)
                     frames_total += frames["q"].shape[0]
-                bar.update(len(batch) * trajectories_per_task)
         writer.close()
         _replace_dir(tmp, out_path)
     except BaseException:

@@ -167,6 +167,7 @@ class TelemetryBus(abc.ABC):
         self._lock_fd = _lock_port(self.port)
         try:
             self._connect()
+            self._block_reads()
             if self._torque_request is not None:
                 self.set_torque(self._torque_request)
         except BaseException:
@@ -187,6 +188,21 @@ class TelemetryBus(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    READ_BLOCK_S = 0.002
+
+    def _block_reads(self) -> None:
+        """Let the SDKs' receive loops block in select() instead of spinning.
+
+        Both SDKs open the port with ``timeout=0`` and poll ``read()`` in a tight loop
+        until their packet timeout: 100 % of a core while waiting, which on a shared
+        machine starves whatever else runs (the model, an emulator). A short read timeout
+        makes each ``read(k)`` return as soon as k bytes are there, or after 2 ms; the
+        SDK's own packet timeout still decides when to give up.
+        """
+        ser = getattr(getattr(self, "_port", None), "ser", None)  # the SDK's PortHandler
+        if ser is not None:
+            ser.timeout = self.READ_BLOCK_S
 
     # --- per cycle --------------------------------------------------------------------
     def read(self) -> TelemetryFrame:

@@ -72,9 +72,12 @@ class EpisodeBuffer:
         return out
 
 
-def _ramp_to(follower: TelemetryBus, target: np.ndarray, seconds: float, fps: float) -> None:
+def _ramp_to(follower: TelemetryBus, target: np.ndarray, seconds: float, fps: float,
+             settle_s: float, tolerance: float) -> None:
     """Move the follower from where it is to ``target`` before recording starts, so
-    enabling torque never snaps the arm to a far-away leader pose."""
+    enabling torque never snaps the arm to a far-away leader pose; then wait (at most
+    ``settle_s``) until every joint is within ``tolerance`` of it, so an episode does not
+    begin with the follower still catching up."""
     start = follower.wait_ready().q
     start = np.where(np.isfinite(start), start, target)
     steps = max(1, int(seconds * fps))
@@ -83,6 +86,15 @@ def _ramp_to(follower: TelemetryBus, target: np.ndarray, seconds: float, fps: fl
         s = s * s * (3 - 2 * s)  # smoothstep: zero velocity at both ends
         follower.write_goal(start + s * (target - start))
         time.sleep(1.0 / fps)
+    t_end = time.monotonic() + settle_s
+    while time.monotonic() < t_end:
+        q = follower.read().q
+        if np.nanmax(np.abs(q - target), initial=0.0) < tolerance:
+            return
+        follower.write_goal(target)
+        time.sleep(1.0 / fps)
+    log.warning("follower did not reach the leader's pose within %.1f s (worst joint off by "
+                "%.3f); recording anyway", settle_s, float(np.nanmax(np.abs(q - target))))
 
 
 def _record_episode(leader: TelemetryBus, follower: TelemetryBus, buf: EpisodeBuffer,
@@ -152,6 +164,8 @@ def record(platform: str | Platform, leader: str, follower: str, task: str,
         raise ValueError("task must be a non-empty description, e.g. 'pick_place_200g'")
     fps = p.fps
     ramp_s = float(p.hardware.get("record_ramp_s", 1.0))
+    settle_s = float(p.hardware.get("record_settle_s", 2.0))
+    tolerance = float(p.hardware.get("record_settle_tolerance", 0.05))
     payload_kg = None if payload_g is None else payload_g / 1000.0
     meta = {"source": "nactuator record", "bus": p.hardware.get("bus")}
     writer = DatasetWriter(out, p, fps, metadata=meta)
@@ -165,7 +179,7 @@ def record(platform: str | Platform, leader: str, follower: str, task: str,
             raise RuntimeError(f"leader on {leader}: no telemetry from servo(s) {bad}")
         foll_bus.write_goal(foll_bus.wait_ready().q)  # hold where it is, then torque on
         foll_bus.set_torque(True)
-        _ramp_to(foll_bus, first.q, ramp_s, fps)
+        _ramp_to(foll_bus, first.q, ramp_s, fps, settle_s, tolerance)
         for ep in range(episodes):
             buf = EpisodeBuffer(p.n, payload_kg)
             bar = tqdm(total=int(round(seconds * fps)), desc=f"episode {ep + 1}/{episodes}",

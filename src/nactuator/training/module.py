@@ -147,6 +147,7 @@ class NeuralActuatorModule(L.LightningModule):
         self._ema_step = -1
         self._ema_backup: dict[str, torch.Tensor] | None = None
         self._simulator: Any = None
+        self._rank_seeded = False
         self._simulator_device: str | None = None
 
     # ------------------------------------------------------------------ model and data
@@ -170,6 +171,12 @@ class NeuralActuatorModule(L.LightningModule):
             self.build_actuator(datamodule.norm_stats)
         if datamodule is not None:
             self._check_platform_of(datamodule)
+            if stage == "fit" and self.trainer.world_size > 1 and not self._rank_seeded:
+                # The DataModule serves an IterableDataset, which Lightning cannot shard
+                # with a DistributedSampler: give each rank its own sampling stream so the
+                # ranks train on different segments (samples_per_epoch is per process).
+                datamodule.seed = int(datamodule.seed) + self.trainer.global_rank
+                self._rank_seeded = True
             if stage == "fit":
                 self.apply_horizon(0)
             else:
@@ -333,6 +340,9 @@ class NeuralActuatorModule(L.LightningModule):
         self.log_dict({f"train/{k}": v for k, v in parts.items() if k != "loss"},
                       batch_size=batch_size)
         self.log("train/horizon", float(r.tau.shape[1]), batch_size=batch_size)
+        if self._trainer is not None and self.trainer.optimizers:
+            lr = self.trainer.optimizers[0].param_groups[0]["lr"]
+            self.log("train/lr", lr, batch_size=batch_size)
         return parts["loss"]
 
     def _nan_loss(self) -> torch.Tensor:

@@ -152,6 +152,7 @@ TASK_KINDS = {
     "bam": {"profile"},
     "hold": {"payload_g"},
 }
+BAM_PROFILES = ("sin_sin", "lift_and_drop", "up_and_down", "sin_time_square")
 _TASK_KEYS = {
     "kind": "str",
     "seconds": "num",
@@ -355,6 +356,10 @@ def validate_world_config(cfg: dict, platform: Platform, source: str) -> None:
             )
         if kind == "push" and (t["axis"] not in ("x", "y", "z") or t["sign"] not in (-1, 1)):
             raise WorldError(f"{where}: push needs axis in x|y|z and sign +1|-1")
+        if kind == "bam" and t["profile"] not in BAM_PROFILES:
+            raise WorldError(
+                f"{where}.profile: expected one of {list(BAM_PROFILES)}, got {t['profile']!r}"
+            )
         if kind == "circle" and t["direction"] not in ("cw", "ccw"):
             raise WorldError(f"{where}.direction: expected 'cw' or 'ccw', got {t['direction']!r}")
 

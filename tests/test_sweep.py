@@ -1,0 +1,133 @@
+"""The wandb-format sweep file and the local offline sweep driver."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nactuator.platforms import conf_dir
+from nactuator.training.sweep import (
+    SweepError,
+    build_command,
+    configurations,
+    load_sweep,
+    ranked_table,
+    run_sweep,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_training import write_sim_dataset  # noqa: E402
+
+ARCH_SWEEP = conf_dir() / "sweeps" / "architecture.yaml"
+
+
+def write_yaml(path: Path, spec: dict) -> Path:
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_architecture_sweep_is_a_runnable_wandb_grid():
+    spec = load_sweep(ARCH_SWEEP)
+    assert spec["method"] == "grid"
+    assert spec["metric"] == {"name": "val/joint_mae_deg", "goal": "minimize"}
+    assert spec["parameters"]["model.arch"]["values"] == ["transformer", "mlp", "gru", "lstm"]
+    runs = configurations(spec)
+    assert len(runs) == 4 * len(spec["parameters"]["model.width"]["values"])
+    assert runs[0] == {"model.arch": "transformer", "model.width": 32, "model.depth": 1}
+    cmd = build_command(spec, runs[1], ["--trainer.max_steps=2"])
+    assert cmd[0] == sys.executable
+    assert cmd[1:5] == ["-m", "nactuator.cli", "train", "--platform"]
+    assert "--model.arch=transformer" in cmd and "--model.width=64" in cmd
+    assert cmd[-1] == "--trainer.max_steps=2"
+    # Every parameter is a real option of the LightningCLI (strict parsing would reject
+    # a typo only at run time, so check it here).
+    import inspect
+
+    from nactuator.training.module import NeuralActuatorModule
+    options = inspect.signature(NeuralActuatorModule).parameters
+    for name in spec["parameters"]:
+        group, key = name.split(".", 1)
+        assert group == "model" and key in options
+
+
+def test_random_search_is_seeded(tmp_path):
+    spec = load_sweep(write_yaml(tmp_path / "s.yaml", {
+        "method": "random", "metric": {"name": "val/loss", "goal": "minimize"},
+        "parameters": {"model.lr": {"distribution": "log_uniform_values",
+                                    "min": 1e-5, "max": 1e-2},
+                       "model.width": {"values": [16, 32, 64]},
+                       "model.depth": {"distribution": "int_uniform", "min": 1, "max": 3}},
+    }))
+    a = configurations(spec, max_runs=5, seed=3)
+    assert a == configurations(spec, max_runs=5, seed=3)
+    assert a != configurations(spec, max_runs=5, seed=4)
+    assert all(1e-5 <= r["model.lr"] <= 1e-2 and r["model.depth"] in (1, 2, 3) for r in a)
+    with pytest.raises(SweepError, match="max-runs"):
+        configurations(spec)
+    with pytest.raises(SweepError, match="grid search needs 'values'.*model.lr"):
+        configurations(spec, method="grid")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"method": "grid", "parameters": {"a": {"values": [1]}}}, "metric"),
+    ({"method": "grid", "metric": {"name": "m", "goal": "up"},
+      "parameters": {"a": {"values": [1]}}}, "metric"),
+    ({"method": "grid", "metric": {"name": "m", "goal": "minimize"}, "parameters": {}},
+     "parameters"),
+    ({"method": "grid", "metric": {"name": "m", "goal": "minimize"},
+      "parameters": {"a": {"values": []}}}, "non-empty list"),
+    ({"method": "grid", "metric": {"name": "m", "goal": "minimize"},
+      "parameters": {"a": {"distribution": "beta"}}}, "distribution"),
+])
+def test_bad_sweep_files(tmp_path, spec, message):
+    with pytest.raises(SweepError, match=message):
+        load_sweep(write_yaml(tmp_path / "bad.yaml", spec))
+
+
+def test_bayes_needs_a_local_method(tmp_path):
+    spec = load_sweep(write_yaml(tmp_path / "b.yaml", {
+        "method": "bayes", "metric": {"name": "m", "goal": "maximize"},
+        "parameters": {"a": {"values": [1, 2]}}}))
+    with pytest.raises(SweepError, match="cannot run locally"):
+        configurations(spec)
+    assert len(configurations(spec, method="grid")) == 2
+
+
+def test_ranked_table_orders_by_goal():
+    spec = {"metric": {"name": "acc", "goal": "maximize"}, "parameters": {"a": {}}}
+    results = [{"run": f"run-{i}", "params": {"a": i}, "metric": m, "status": s, "seconds": 1.0}
+               for i, (m, s) in enumerate([(0.5, "ok"), (None, "failed"), (0.9, "ok")])]
+    rows = ranked_table(spec, results).splitlines()[2:]
+    assert rows[0].startswith("| 1 | run-2 |") and rows[1].startswith("| 2 | run-0 |")
+    assert rows[2].startswith("| 3 | run-1 |") and "failed" in rows[2]
+
+
+def test_local_sweep_runs_offline_and_ranks(tmp_path):
+    """Two real (tiny) runs of a grid; the table is ranked and results.json written."""
+    data = write_sim_dataset(tmp_path / "so101", "so101")
+    sweep = write_yaml(tmp_path / "arch.yaml", {
+        "program": "nactuator", "method": "grid",
+        "metric": {"name": "val/joint_mae_deg", "goal": "minimize"},
+        "parameters": {"model.arch": {"values": ["mlp", "gru"]}},
+        "command": ["${env}", "${interpreter}", "-m", "nactuator.cli", "fit",
+                    "--config", str(conf_dir() / "base.yaml"), "--platform", "so101",
+                    f"--data.paths=[{data}]", "--logger", "wandb", "${args}"],
+    })
+    out = tmp_path / "sweep"
+    table = run_sweep(str(sweep), out=str(out), extra_args=[
+        "--trainer.max_epochs=1", "--data.samples_per_epoch=4", "--data.batch_size=4",
+        "--model.horizon_schedule={0: 2}", "--trainer.limit_val_batches=1",
+        "--trainer.enable_progress_bar=false"])
+    results = json.loads((out / "results.json").read_text())
+    assert [r["status"] for r in results["runs"]] == ["ok", "ok"], table
+    values = [r["metric"] for r in results["runs"]]
+    assert all(v is not None and v >= 0 for v in values)
+    rows = table.splitlines()[2:]
+    best = min(results["runs"], key=lambda r: r["metric"])
+    assert rows[0].split("|")[2].strip() == best["run"]
+    assert (out / "results.md").read_text().strip() == table.strip()
+    assert list((out / "run-000").rglob("wandb/offline-run-*")), "wandb ran offline"
