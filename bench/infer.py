@@ -85,6 +85,30 @@ def onnx_runner(graph: ExportableActuator) -> Runner:
     return run
 
 
+def matmul_floor_runner(graph: ExportableActuator) -> Runner:
+    """Only the transformer's matrix products (its Linear layers as bare ``torch.mm`` on
+    the rows each sees at batch 1, plus attention): no other op could be this fast."""
+    net = graph.actuator.net
+    if net.config["arch"] != "transformer":
+        raise NotImplementedError("the matmul floor is modelled for the transformer only")
+    length, d_model = net.history, net.config["d_model"]
+    encoder_ids = {id(m) for m in net.encoder.modules()}
+    products = [(torch.randn(length if id(m) in encoder_ids else 1, m.in_features),
+                 m.weight.detach().t().contiguous())
+                for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    heads = net.config["n_heads"]
+    q = torch.randn(heads, length, d_model // heads)
+
+    def run(inputs):
+        with torch.inference_mode():
+            for x, w in products:
+                torch.mm(x, w)
+            for _ in net.encoder.blocks:
+                torch.bmm(torch.bmm(q, q.transpose(1, 2)), q)
+    return run
+
+
+FLOOR = "(reference) the transformer's matmuls alone"
 PATHS: dict[str, Callable[[ExportableActuator], Runner]] = {
     "eager": eager_runner,
     "torchscript (frozen + optimize_for_inference)": torchscript_runner,
@@ -99,14 +123,18 @@ def check_outputs(run: Runner, reference: Runner, inputs: tuple[torch.Tensor, ..
                                                                            strict=True))
 
 
-def time_calls(run: Runner, inputs: tuple[torch.Tensor, ...], calls: int) -> list[float]:
-    """Seconds per call, one sample per call."""
-    samples = []
+def time_calls(run: Runner, inputs: tuple[torch.Tensor, ...],
+               calls: int) -> tuple[list[float], list[float]]:
+    """(wall seconds, this thread's CPU seconds) per call. On a shared machine the wall
+    time includes waiting for a core; the thread CPU time does not (all paths run their
+    work on the calling thread at 1 thread), so it is the closer figure for a free core."""
+    wall, cpu = [], []
     for _ in range(calls):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         run(inputs)
-        samples.append(time.perf_counter() - start)
-    return samples
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - start_cpu)
+    return wall, cpu
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -134,8 +162,8 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]
     torch.set_num_threads(args.threads)
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     actuator = make_actuator(args.arch, args.motors)
     graph = ExportableActuator(actuator).eval()
     eager = eager_runner(graph)
@@ -154,21 +182,28 @@ def main() -> None:
             continue
         runners[name] = run
         notes[name] = f"max |out - eager| = {error:.1e}"
+    timed = dict(runners)
+    try:
+        timed[FLOOR] = matmul_floor_runner(graph)
+    except NotImplementedError as err:
+        notes[FLOOR] = str(err)
 
-    latency: dict[str, list[float]] = {n: [] for n in runners}
-    throughput: dict[str, dict[int, list[float]]] = {n: {b: [] for b in args.batches}
-                                                     for n in runners}
+    latency = {n: [] for n in timed}
+    latency_cpu = {n: [] for n in timed}
+    throughput = {n: {b: [] for b in args.batches} for n in runners}
     single = make_inputs(graph, 1)
     batched = {b: make_inputs(graph, b) for b in args.batches}
-    for name, run in runners.items():  # warm-up (compilation, allocator, caches)
+    for name, run in timed.items():  # warm-up (compilation, allocator, caches)
         time_calls(run, single, 50)
-        for b in args.batches:
+        for b in args.batches if name in runners else ():
             time_calls(run, batched[b], 3)
     for _ in range(args.rounds):
-        for name, run in runners.items():
-            latency[name] += time_calls(run, single, args.latency_calls)
-            for b in args.batches:
-                seconds = sum(time_calls(run, batched[b], args.throughput_calls))
+        for name, run in timed.items():
+            wall, cpu = time_calls(run, single, args.latency_calls)
+            latency[name] += wall
+            latency_cpu[name] += cpu
+            for b in args.batches if name in runners else ():
+                seconds = sum(time_calls(run, batched[b], args.throughput_calls)[0])
                 throughput[name][b].append(b * args.throughput_calls / seconds)
 
     params = count_parameters(actuator)
@@ -177,23 +212,28 @@ def main() -> None:
     base_tp = {b: statistics.median(throughput["eager"][b]) for b in args.batches}
     print(f"## {args.arch}: {params:,} parameters, {mflops:.2f} MFLOPs per window "
           f"(n_motors={args.motors}, L={actuator.history}), {args.threads} thread(s), "
-          f"torch {torch.__version__}, {platform.processor() or platform.machine()}\n")
-    header = ["path", "b=1 p50 ms", "b=1 p95 ms", "p50 speed-up"]
-    header += [f"b={b} windows/s" for b in args.batches] + [f"b={b} vs eager"
-                                                            for b in args.batches]
+          f"torch {torch.__version__}, {platform.machine()}\n")
+    header = ["path", "b=1 p50 ms", "b=1 p95 ms", "b=1 p50 CPU ms", "p50 speed-up"]
+    header += [f"b={b} windows/s" for b in args.batches]
+    header += [f"b={b} vs eager" for b in args.batches]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    figures = {"arch": args.arch, "parameters": params, "mflops": mflops, "paths": {}}
-    for name in runners:
+    figures: dict = {"arch": args.arch, "parameters": params, "mflops": mflops, "paths": {}}
+    for name in timed:
         p50, p95 = percentile(latency[name], 0.5), percentile(latency[name], 0.95)
-        tps = {b: statistics.median(throughput[name][b]) for b in args.batches}
-        row = [name, f"{p50 * 1e3:.3f}", f"{p95 * 1e3:.3f}", f"{base_p50 / p50:.2f}x"]
-        row += [f"{tps[b]:,.0f}" for b in args.batches]
-        row += [f"{tps[b] / base_tp[b]:.2f}x" for b in args.batches]
+        p50_cpu = percentile(latency_cpu[name], 0.5)
+        tps = {b: statistics.median(throughput[name][b]) for b in args.batches
+               } if name in runners else {}
+        row = [name, f"{p50 * 1e3:.3f}", f"{p95 * 1e3:.3f}", f"{p50_cpu * 1e3:.3f}",
+               f"{base_p50 / p50:.2f}x"]
+        row += [f"{tps[b]:,.0f}" if tps else "" for b in args.batches]
+        row += [f"{tps[b] / base_tp[b]:.2f}x" if tps else "" for b in args.batches]
         print("| " + " | ".join(row) + " |")
         figures["paths"][name] = {"p50_ms": p50 * 1e3, "p95_ms": p95 * 1e3,
-                                  "throughput": tps}
+                                  "p50_cpu_ms": p50_cpu * 1e3, "throughput": tps}
     print()
+    print(f"- 1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, "
+          f"on {os.cpu_count()} CPUs (above the CPU count, wall times include waiting)")
     for name, note in notes.items():
         print(f"- {name}: {note}")
     if args.json:

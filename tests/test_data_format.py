@@ -61,6 +61,7 @@ def test_round_trip_keeps_every_channel_and_label(tmp_path):
     for key in ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "pwm", "condition"):
         np.testing.assert_array_equal(ea[key], a[key].astype(np.float32))
     np.testing.assert_array_equal(ea["force"], force.astype(np.float32))  # NaN kept as NaN
+    assert ea["payload_mass"].shape == (20,) and (ea["payload_mass"] == 0.5).all()
     np.testing.assert_allclose(ea["timestamp"], a["timestamp"], rtol=1e-6)
     # Optional keys that were not given: NaN (unrecorded) / 1 (telemetry read) / frame/fps.
     assert np.isnan(eb["pwm"]).all() and np.isnan(eb["force"]).all()
@@ -192,6 +193,19 @@ def test_unrecorded_channels_may_be_nan_on_franka(tmp_path):
     with DatasetWriter(tmp_path / "ds", franka, franka.fps) as w:
         w.add_episode(f, "lift_hold", "train")
     assert np.isnan(read_dataset(tmp_path / "ds").episodes[0].frames["voltage"]).all()
+
+
+def test_nan_allowed_only_where_telemetry_was_not_read(tmp_path):
+    valid = np.ones((6, 5))
+    valid[2, 1] = 0
+    f = make_frames(6, 5, 0, telemetry_valid=valid)
+    f["effort"][2, 1] = np.nan  # motor 2 missed its read on frame 2: fine
+    with DatasetWriter(tmp_path / "ds", OMX, OMX.fps) as w:
+        w.add_episode(f, "t", "train")
+        f["effort"][3, 1] = np.nan  # ... but not on a frame it was read
+        with pytest.raises(DataFormatError, match="channel 'joint2', frame 3"):
+            w.add_episode(f, "t", "train")
+    assert np.isnan(read_dataset(tmp_path / "ds").episodes[0].frames["effort"][2, 1])
 
 
 def test_failed_append_leaves_dataset_untouched(tmp_path):

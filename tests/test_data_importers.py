@@ -77,7 +77,7 @@ def test_so101_frames_splits_and_labels(so101, nad_dir):
         np.testing.assert_array_equal(np.isnan(fz), raw["force_z"] == -999)
         np.testing.assert_allclose(fz[carry], -4.9, rtol=1e-6)
         assert np.isnan(ep.frames["force"][:, :2]).all()  # x, y are -999 throughout
-        np.testing.assert_allclose(ep.frames["payload_mass"][:, 0], np.where(carry, 0.5, 0.0))
+        np.testing.assert_allclose(ep.frames["payload_mass"], np.where(carry, 0.5, 0.0))
     assert "imported 9 episodes" in summary and "train 8, validation 1" in summary
 
 
@@ -370,3 +370,32 @@ def test_bam_bad_inputs(bam_dir, tmp_path):
     bad.write_text(json.dumps(log))
     with pytest.raises(DataFormatError, match="empty episode"):
         import_bam(bad, tmp_path / "o4")
+
+
+def test_row_with_missing_cells(so101_file):
+    lines = so101_file.read_bytes().split(b"\r\n")
+    lines[100] = b",".join(lines[100].split(b",")[:-3])  # a damaged row mid-file
+    so101_file.write_bytes(b"\r\n".join(lines))
+    with pytest.raises(DataFormatError, match=r"001\.csv: malformed CSV .*Expected 46 columns"):
+        read_nad_csv(so101_file)
+
+
+def test_cli_commands(nad_dir, tmp_path, capsys):
+    from nactuator.cli import main
+
+    out = tmp_path / "ds"
+    assert main(["data", "import-nad", str(nad_dir / "so101"), "--out", str(out)]) == 0
+    assert "imported 9 episodes" in capsys.readouterr().out
+    assert main(["data", "info", str(out)]) == 0
+    assert "platform: so101" in capsys.readouterr().out
+
+
+def test_platform_option_imports_one_platform_of_a_mixed_tree(so101_file, tmp_path):
+    write_franka_csv(tmp_path / "nad" / "franka" / "lift_hold" / "train" / "300_002.csv")
+    with pytest.raises(DataFormatError, match="mixed platforms in one import"):
+        import_nad(tmp_path / "nad", tmp_path / "mixed")
+    summary = import_nad(tmp_path / "nad", tmp_path / "franka", platform="franka")
+    assert "imported 1 episodes" in summary and "skipped (other platforms): 1 so101" in summary
+    assert read_dataset(tmp_path / "franka").episodes[0].payload_mass == pytest.approx(0.3)
+    with pytest.raises(DataFormatError, match="no NAD CSV of platform 'omx'"):
+        import_nad(tmp_path / "nad", tmp_path / "omx", platform="omx")

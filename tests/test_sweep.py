@@ -26,7 +26,7 @@ ARCH_SWEEP = conf_dir() / "sweeps" / "architecture.yaml"
 
 
 def write_yaml(path: Path, spec: dict) -> Path:
-    path.write_text(yaml.safe_dump(spec))
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
 

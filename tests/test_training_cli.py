@@ -34,7 +34,6 @@ def tiny_args(out: Path) -> list[str]:
         "--model.horizon_schedule={0: 4}", "--trainer.max_epochs=1",
         "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1",
         "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={out}",
-        f"--trainer.logger.init_args.save_dir={out}",
     ]
 
 

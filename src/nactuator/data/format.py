@@ -425,6 +425,12 @@ class DatasetWriter:
         n = self.platform.n
         length = None
         unrecorded = set(self.platform.data.get("unrecorded", []))
+        # A motor whose telemetry was not read this cycle may have NaN channels there.
+        missed = None
+        if "telemetry_valid" in frames:
+            valid = np.asarray(frames["telemetry_valid"], dtype=np.float64)
+            if valid.ndim == 2 and valid.shape[1] == n:
+                missed = valid == 0
         clean: dict[str, np.ndarray] = {}
         for key, spec in FEATURES.items():
             w = _width(spec, n)
@@ -448,6 +454,8 @@ class DatasetWriter:
                 raise DataFormatError(f"{where}: '{key}' contains inf")
             if spec.required and key not in unrecorded:
                 bad = np.isnan(arr)
+                if missed is not None and missed.shape == bad.shape:
+                    bad &= ~missed
                 if bad.any():
                     t, j = np.argwhere(bad)[0]
                     raise DataFormatError(
@@ -695,7 +703,7 @@ class Episode:
     length: int
     payload_mass: float
     meta: dict
-    frames: dict[str, np.ndarray]  # canonical key -> float32 (T, w); "timestamp" (T,)
+    frames: dict[str, np.ndarray]  # canonical key -> float32 (T, w); payload_mass, timestamp (T,)
 
 
 @dataclass
@@ -816,19 +824,17 @@ def read_dataset(root: str | Path) -> Dataset:
                 f"(episodes {file_rows[0]['episode_index']}..{file_rows[-1]['episode_index']})"
             )
         for key, spec in FEATURES.items():
-            values = _column_numpy(table, spec.name, _width(spec, n), path)
-            parts[key].append(values.astype(np.float32))
+            values = _column_numpy(table, spec.name, _width(spec, n), path).astype(np.float32)
+            parts[key].append(values[:, 0] if spec.width == "1" else values)
         timestamps = _column_numpy(table, "timestamp", 1, path)[:, 0]
         parts["timestamp"].append(timestamps.astype(np.float32))
 
-    frames = {
-        k: np.concatenate(v) if v else np.zeros((0, _width(spec, n)), dtype=np.float32)
-        for (k, v), spec in zip(parts.items(), [*FEATURES.values(), None], strict=True)
-        if spec is not None
-    }
-    frames["timestamp"] = (
-        np.concatenate(parts["timestamp"]) if parts["timestamp"] else np.zeros(0, np.float32)
-    )
+    def empty(key: str) -> np.ndarray:
+        spec = FEATURES.get(key)
+        scalar = spec is None or spec.width == "1"
+        return np.zeros((0,) if scalar else (0, _width(spec, n)), np.float32)
+
+    frames = {k: np.concatenate(v) if v else empty(k) for k, v in parts.items()}
     episodes = []
     offset = 0
     for r in rows:

@@ -287,14 +287,45 @@ def _summary(out: Path, episodes: list[ParsedEpisode], fps: float) -> str:
 def import_nad(src: str | Path, out: str | Path, platform: str | None = None) -> str:
     """Import every NAD CSV under ``src`` into the dataset at ``out``; returns a summary.
 
-    The platform is detected from each header unless given. Task, split and payload come
-    from the NAD folder layout. Appends when ``out`` already holds a dataset of the same
-    platform and fps.
+    The platform is detected from each header. Given ``platform`` and a folder, files that
+    are exactly another platform's layout are skipped (so a whole NAD ``data/`` folder can
+    be imported one platform at a time); without it, a mix of platforms is an error. Task, split and
+    payload come from the NAD folder layout. Appends when ``out`` already holds a dataset
+    of the same platform and fps.
     """
     src, out = Path(src), Path(out)
-    layouts = _nad_layouts(platform)
-    episodes = [read_nad_csv(f, layouts=layouts) for f in _find_files(src, ".csv")]
-    return _write(out, episodes, {"source": "NAD (Frank-ZY-Dou/Dynamics-Modeling)"})
+    layouts = _nad_layouts(None)
+    if platform is not None and load_platform(platform).name not in layouts:
+        _nad_layouts(platform)  # raises: that platform has no NAD layout
+    episodes, skipped = [], []
+    for f in _find_files(src, ".csv"):
+        other = _other_platform(f, platform, layouts) if src.is_dir() else None
+        if other:
+            skipped.append((f, other))
+            continue
+        episodes.append(read_nad_csv(f, layouts={platform: layouts[platform]} if platform
+                                     else layouts))
+    if not episodes:
+        raise DataFormatError(f"{src}: no NAD CSV of platform {platform!r} "
+                              f"({len(skipped)} files of other platforms)")
+    summary = _write(out, episodes, {"source": "NAD (Frank-ZY-Dou/Dynamics-Modeling)"})
+    if skipped:
+        kinds = Counter(name for _, name in skipped)
+        summary += "\nskipped (other platforms): " + ", ".join(
+            f"{k} {name}" for name, k in sorted(kinds.items()))
+    return summary
+
+
+def _other_platform(path: Path, platform: str | None, layouts: dict) -> str | None:
+    """The platform name if ``path``'s header is exactly another platform's NAD layout."""
+    if platform is None:
+        return None
+    with open(path, "rb") as f:
+        header = [h.strip() for h in f.readline().decode("utf-8", "replace").split(",")]
+    for name, (_, expected) in layouts.items():
+        if name != platform and header == expected:
+            return name
+    return None
 
 
 # --------------------------------------------------------------------------- BAM JSON

@@ -153,6 +153,8 @@ class TelemetryBus(abc.ABC):
         self.baudrate = int(hw.get("baudrate", 1_000_000))
         self.rx_timeout_ms = float(hw.get("rx_timeout_ms", 12.0))
         self.dead_after = int(hw.get("dead_after_failures", 3))
+        self.read_retries = int(hw.get("read_retries", 2))
+        self.retry_budget_s = float(hw.get("retry_budget_ms", 8.0)) / 1000.0
         self.reprobe_s = float(hw.get("reprobe_interval_s", 1.0))
         self._torque_request = torque
         self._lock_fd = -1
@@ -212,9 +214,12 @@ class TelemetryBus(abc.ABC):
         now = time.monotonic()
         wanted = [i for i in self.ids if self._absent.get(i, 0.0) <= now]
         blocks, errors = self._read_blocks(wanted) if wanted else ({}, {})
-        missing = [i for i in wanted if i not in blocks]
-        if missing:
-            # One retry, servo by servo: a read has no side effect, so it is always safe.
+        # Retry servo by servo (a read has no side effect, so it is always safe) while the
+        # cycle's retry budget lasts: a corrupt reply costs microseconds, a lost one a timeout.
+        for _ in range(self.read_retries):
+            missing = [i for i in wanted if i not in blocks]
+            if not missing or time.perf_counter() - t0 > self.retry_budget_s:
+                break
             self.counters["retries"] += 1
             more, more_err = self._read_each(missing)
             blocks.update(more)

@@ -87,7 +87,7 @@ class DynamixelTelemetryBus(TelemetryBus):
     def _check_servos(self) -> None:
         missing, wrong, firmware = [], [], {}
         for name, sid in zip(self.names, self.ids, strict=True):
-            found = self.lerobot.ping(sid, num_retry=2)
+            found = self._ping(sid)
             if found is None:
                 missing.append(f"{sid} ({name})")
             elif found != self.model_number:
@@ -108,6 +108,16 @@ class DynamixelTelemetryBus(TelemetryBus):
         old = [sid for sid, fw in firmware.items() if fw < FAST_SYNC_MIN_FIRMWARE]
         if old and self.use_fast:
             self.use_fast = False  # fast sync read needs firmware >= 45: plain sync read
+
+    def _ping(self, sid: int, tries: int = 3) -> int | None:
+        """Model number, or None if no answer. Unlike LeRobot's ping, a servo whose status
+        carries the Alert bit is present (its hardware error is reported separately)."""
+        for _ in range(tries):
+            self._port.ser.reset_input_buffer()
+            model, comm, _ = self._ph.ping(self._port, sid)
+            if comm == dxl.COMM_SUCCESS:
+                return model
+        return None
 
     def _close(self) -> None:
         if self._port.is_open:

@@ -78,7 +78,7 @@ class FeetechTelemetryBus(TelemetryBus):
             raise BusError(f"could not open {self.port} at {self.baudrate} baud: {e}") from e
         missing, wrong = [], []
         for name, sid in zip(self.names, self.ids, strict=True):
-            found = self.lerobot.ping(sid, num_retry=2)
+            found = self._ping(sid)
             if found is None:
                 missing.append(f"{sid} ({name})")
             elif found != self.model_number:
@@ -93,6 +93,15 @@ class FeetechTelemetryBus(TelemetryBus):
         if wrong:
             raise WrongModelError(f"wrong servo model on {self.port}: {'; '.join(wrong)}. "
                                   f"Is this the right arm/port for {self.platform.name!r}?")
+
+    def _ping(self, sid: int, tries: int = 3) -> int | None:
+        """Model number, or None if no answer (a status error bit does not mean absent)."""
+        for _ in range(tries):
+            self._port.ser.reset_input_buffer()
+            model, comm, _ = self._ph.ping(self._port, sid)
+            if comm == scs_sdk.COMM_SUCCESS:
+                return model
+        return None
 
     def _close(self) -> None:
         if self._port.is_open:

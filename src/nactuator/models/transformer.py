@@ -31,27 +31,35 @@ class GatedSelfAttention(nn.Module):
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         batch, length, d_model = u.shape
-        q, k, v, gate = self.in_proj(u).chunk(4, dim=-1)
-        # (B, L, d) -> (B, heads, L, d / heads)
-        q, k, v = (t.view(batch, length, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))
+        # (B, L, 4d) -> (4, B, heads, L, d / heads): Q, K, V and the gate, split per head
+        q, k, v, gate = self.in_proj(u).view(batch, length, 4, self.n_heads, -1).permute(
+            2, 0, 3, 1, 4).unbind(0)
         attended = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0)
-        attended = attended.transpose(1, 2).reshape(batch, length, d_model)
-        return self.out_proj(attended * torch.sigmoid(gate))
+        # The gate is elementwise, so applying it per head before merging the heads is
+        # the same as MHA(U) ⊙ sigmoid(U W_g) on the merged (B, L, d) output.
+        gated = attended * torch.sigmoid(gate)
+        return self.out_proj(gated.transpose(1, 2).reshape(batch, length, d_model))
 
 
 class Block(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float) -> None:
         super().__init__()
+        self.dropout = dropout
         self.norm_attn = nn.LayerNorm(d_model)
         self.attn = GatedSelfAttention(d_model, n_heads, dropout)
         self.norm_ffn = nn.LayerNorm(d_model)
-        self.ffn = nn.Sequential(
-            nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model), nn.Dropout(dropout))
-        self.drop_attn = nn.Dropout(dropout)
+        self.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+
+    def _drop(self, x: torch.Tensor) -> torch.Tensor:
+        # Called only when training: in eval the dropout call is skipped altogether.
+        return F.dropout(x, self.dropout, training=True) if self.dropout > 0 else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_attn(self.attn(self.norm_attn(x)))
+        if self.training:
+            x = x + self._drop(self.attn(self.norm_attn(x)))
+            return x + self._drop(self.ffn(self.norm_ffn(x)))
+        x = x + self.attn(self.norm_attn(x))
         return x + self.ffn(self.norm_ffn(x))
 
 
@@ -70,5 +78,7 @@ class TransformerEncoder(nn.Module):
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.drop(self.input_proj(tokens) + self.pos_embedding)
+        x = self.input_proj(tokens) + self.pos_embedding
+        if self.training:
+            x = self.drop(x)
         return self.norm(self.blocks(x)).mean(dim=1)

@@ -6,7 +6,8 @@ strict: unknown keys are errors). One extra top-level argument, ``--platform NAM
 is linked to both ``model.platform`` and ``data.platform`` so the two can never disagree.
 A platform description given as ``--config conf/platform/<p>.yaml`` is recognised (it is
 not a Lightning config) and treated as ``--platform``. ``--logger tensorboard|wandb|csv|
-none`` is a shortcut for ``--trainer.logger``; wandb runs offline unless credentials exist.
+none`` is a shortcut for ``--trainer.logger`` (writing under ``--trainer.default_root_dir``);
+wandb runs offline unless credentials exist.
 
 ``train(platform, data=None)`` is what ``make train`` runs: ``fit`` with conf/base.yaml,
 the platform's training defaults (conf/train/<platform>.yaml, if present) and, without
@@ -78,6 +79,13 @@ def rewrite_args(argv: Sequence[str]) -> list[str]:
     plain LightningCLI arguments; everything else passes through unchanged."""
     out: list[str] = []
     args = list(argv)
+    # Loggers write under the run's root folder, like Lightning's default logger does.
+    save_dir = "runs"
+    for k, arg in enumerate(args):
+        if arg.startswith("--trainer.default_root_dir="):
+            save_dir = arg.partition("=")[2]
+        elif arg == "--trainer.default_root_dir" and k + 1 < len(args):
+            save_dir = args[k + 1]
     i = 0
     while i < len(args):
         arg = args[i]
@@ -90,7 +98,7 @@ def rewrite_args(argv: Sequence[str]) -> list[str]:
         if key == "--config" and _is_platform_description(value):
             out += ["--platform", value]
         elif key == "--logger":
-            out.append(f"--trainer.logger={json.dumps(logger_config(value))}")
+            out.append(f"--trainer.logger={json.dumps(logger_config(value, save_dir))}")
         elif key == "--config":
             out += ["--config", value]
         else:

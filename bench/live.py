@@ -1,0 +1,137 @@
+"""Live-loop cycle time and jitter at the platform rate (docs/benchmarks.md, "Live loop").
+
+For each platform (OMX: 5 DYNAMIXEL servos; SO-101: 6 Feetech servos) and with/without
+emulated bus timing at 1 Mbps, an emulator runs in its own process (so it does not share
+our GIL) and the live loop runs here with an untrained paper-size Transformer bundle.
+Per cycle: telemetry read + inference + command write. Baseline, same run: the bare vendor
+SDK group read of the same telemetry block (what the read costs without our layer).
+
+    WARP_CACHE_PATH=.cache/warp .venv/bin/python bench/live.py [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nactuator.control.live import LiveLoop, summarize_timings
+from nactuator.hardware.bus import open_bus
+from nactuator.models import NeuralActuator
+from nactuator.platforms import load_platform
+
+STATS_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
+
+
+def wire_ms(bus: str, n: int) -> float:
+    """Bytes on the wire per cycle at 1 Mbps (10 bits/byte), request + replies + write."""
+    if bus == "dynamixel":  # FAST_SYNC_READ 124..146 + SYNC_WRITE of Goal_Position
+        read = (14 + n) + (8 + 27 * n)
+        write = 14 + 5 * n
+    else:  # SYNC_READ 56..70 (6 status packets) + SYNC_WRITE
+        read = (8 + n) + n * (6 + 15)
+        write = 8 + 3 * n
+    return (read + write) * 10 / 1e6 * 1e3
+
+
+def start_emulator(bus: str, platform: str, link: Path, timing: bool, seconds: float):
+    cmd = [sys.executable, "-m", "nactuator.cli", "emulate", "--bus", bus, "--platform",
+           platform, "--link", str(link), "--duration", str(seconds)]
+    if timing:
+        cmd.append("--bus-timing")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc.stdout.readline()  # "emulated ... on <pty>": ready
+    for _ in range(100):
+        if link.exists():
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"emulator for {platform} did not start")
+
+
+def baseline_read_ms(bus_obj, cycles: int) -> np.ndarray:
+    """Bare SDK group read of the telemetry block, no decoding, no retries."""
+    if bus_obj.platform.hardware["bus"] == "dynamixel":
+        import dynamixel_sdk as sdk
+
+        group = sdk.GroupSyncRead(bus_obj._port, bus_obj._ph, 124, 23)
+        run = group.fastSyncRead
+    else:
+        import scservo_sdk as sdk
+
+        group = sdk.GroupSyncRead(bus_obj._port, bus_obj._ph, 56, 15)
+        run = group.txRxPacket
+    for i in bus_obj.ids:
+        group.addParam(i)
+    times = []
+    for _ in range(cycles):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+        time.sleep(1 / bus_obj.platform.fps)
+    return np.array(times) * 1e3
+
+
+def bench(platform: str, timing: bool, seconds: float, actuator) -> dict:
+    p = load_platform(platform)
+    bus = p.hardware["bus"]
+    with tempfile.TemporaryDirectory() as tmp:
+        link = Path(tmp) / "port"
+        proc = start_emulator(bus, platform, link, timing, seconds * 2 + 30)
+        try:
+            with open_bus(p, str(link)) as b:
+                b.wait_ready()
+                base = baseline_read_ms(b, int(seconds * p.fps / 2))
+                loop = LiveLoop(actuator, b, p, b.read_goal())
+                rows = loop.run(seconds, sink=None)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    s = summarize_timings(rows, p.fps)
+    s["baseline_read_p50_ms"] = float(np.percentile(base, 50))
+    s["baseline_read_p99_ms"] = float(np.percentile(base, 99))
+    s["wire_ms"] = wire_ms(bus, p.n) if timing else 0.0
+    s["own_p50_ms"] = s["total_p50_ms"] - s["wire_ms"]
+    return s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=5.0)
+    args = ap.parse_args()
+    os.environ.setdefault("WARP_CACHE_PATH", str(Path(__file__).parents[1] / ".cache/warp"))
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    print(f"live loop, {args.seconds:g} s per case, torch {torch.__version__}, "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    header = ("| platform | servos | bus timing | rate Hz | read p50/p99 ms | infer p50/p99 ms "
+              "| write p50/p99 ms | total p50/p99 ms | wire ms | own p50 ms | jitter p50/p99 ms "
+              "| SDK-only read p50 ms | read / SDK read |")
+    print(header)
+    print("|" + "---|" * 13)
+    for platform in ("omx", "so101"):
+        p = load_platform(platform)
+        stats = {k: {"mean": [0.0] * p.n, "std": [1.0] * p.n} for k in STATS_KEYS}
+        actuator = NeuralActuator(n_motors=p.n, norm_stats=stats,
+                                  model_config={"arch": "transformer"}).eval()
+        for timing in (False, True):
+            s = bench(platform, timing, args.seconds, actuator)
+            print(f"| {platform} | {p.n} | {'1 Mbps' if timing else 'off'} | "
+                  f"{s['rate_hz']:.1f} | {s['read_p50_ms']:.2f}/{s['read_p99_ms']:.2f} | "
+                  f"{s['infer_p50_ms']:.2f}/{s['infer_p99_ms']:.2f} | "
+                  f"{s['write_p50_ms']:.2f}/{s['write_p99_ms']:.2f} | "
+                  f"{s['total_p50_ms']:.2f}/{s['total_p99_ms']:.2f} | {s['wire_ms']:.2f} | "
+                  f"{s['own_p50_ms']:.2f} | {s['jitter_p50_ms']:.2f}/{s['jitter_p99_ms']:.2f} | "
+                  f"{s['baseline_read_p50_ms']:.2f} | "
+                  f"{s['read_p50_ms'] / s['baseline_read_p50_ms']:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The live virtual force sensor against an emulated follower (hidden world), with an
+untrained actuator bundle saved through the models room's Contract 4 functions."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+from nactuator.control.live import CausalWindow, run_live
+from nactuator.hardware.emulator import Emulator
+from nactuator.models import NeuralActuator, bundle_to_dict, save_bundle
+from nactuator.platforms import load_platform
+
+STATS_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
+
+
+def untrained_bundle(path, platform: str, n: int) -> str:
+    stats = {k: {"mean": [0.0] * n, "std": [1.0] * n} for k in STATS_KEYS}
+    stats["voltage"] = {"mean": [12.0] * n, "std": [0.3] * n}
+    stats["temperature"] = {"mean": [30.0] * n, "std": [5.0] * n}
+    actuator = NeuralActuator(n_motors=n, norm_stats=stats,
+                              model_config={"arch": "transformer"})  # the paper's size
+    save_bundle(bundle_to_dict(actuator, platform), path)
+    return str(path)
+
+
+def test_causal_window_pads_then_slides_and_holds_unread_motors() -> None:
+    w = CausalWindow(["q"], history=3, n=2)
+    w.push({"q": np.array([1.0, 2.0])}, np.array([True, True]))
+    assert not w.warm
+    np.testing.assert_array_equal(w.buf["q"], [[1, 2], [1, 2], [1, 2]])
+    w.push({"q": np.array([3.0, np.nan])}, np.array([True, False]))  # motor 2 not read
+    w.push({"q": np.array([5.0, 6.0])}, np.array([True, True]))
+    assert w.warm
+    np.testing.assert_array_equal(w.buf["q"], [[1, 2], [3, 2], [5, 6]])
+    t = w.tensors()["q"]
+    assert t.shape == (1, 3, 2) and float(t[0, -1, 1]) == 6.0
+
+
+def test_live_streams_forces_from_an_emulated_arm(tmp_path) -> None:
+    ckpt = untrained_bundle(tmp_path / "omx_untrained.pt", "omx", 5)
+    out = tmp_path / "live.csv"
+    with Emulator("dynamixel", "omx", seed=3) as follower:
+        summary = run_live(ckpt, "omx", follower.port, out=out, seconds=1.0)
+    assert summary.startswith("live: ") and "cycles" in summary
+    assert out.exists() and not (tmp_path / "live.csv.partial").exists()
+    rows = list(csv.DictReader(out.open()))
+    fps = load_platform("omx").fps
+    assert 0.8 * fps <= len(rows) <= fps + 1
+    assert {"fx", "fy", "fz", "gate", "condition_joint3", "read_ms", "infer_ms",
+            "write_ms", "total_ms"} <= set(rows[0])
+    force = np.array([[float(r[k]) for k in ("fx", "fy", "fz")] for r in rows])
+    assert np.isfinite(force).all()
+    gate = np.array([float(r["gate"]) for r in rows])
+    assert ((gate >= 0) & (gate <= 1)).all()
+    # f = gate * f_raw: an untrained model still obeys the head's structure
+    cond = np.array([[float(r[f"condition_{c}"]) for c in load_platform("omx").channel_names]
+                     for r in rows])
+    assert ((cond >= 0) & (cond <= 1)).all()
+    assert all(float(r["read_ms"]) > 0 and float(r["infer_ms"]) > 0 for r in rows)
+    assert [int(r["warm"]) for r in rows[:8]] == [0] * 8 and int(rows[8]["warm"]) == 1
+    assert np.mean([int(r["valid"]) for r in rows]) > 0.95
+
+
+def test_live_refuses_a_checkpoint_of_another_platform(tmp_path) -> None:
+    from nactuator.models import BundleError
+
+    ckpt = untrained_bundle(tmp_path / "so101.pt", "so101", 6)
+    with pytest.raises(BundleError, match="so101.*expected 'omx'"):
+        run_live(ckpt, "omx", "/dev/null", seconds=0.1)
