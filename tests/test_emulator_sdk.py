@@ -54,10 +54,18 @@ def sts_emu():
         yield emu
 
 
+def no_spin(port) -> None:
+    """The SDKs poll read() with timeout=0, burning the CPU (and the GIL the in-process
+    emulator needs) while they wait; a 2 ms read timeout makes them wait in select()
+    instead. Protocol behaviour is unchanged (the bus layer does the same)."""
+    port.ser.timeout = 0.002
+
+
 @pytest.fixture
 def dxl_port(dxl_emu):
     port = dxl.PortHandler(dxl_emu.port)
     assert port.openPort() and port.setBaudRate(1_000_000)
+    no_spin(port)
     yield port, dxl.PacketHandler(2.0)
     port.closePort()
 
@@ -66,8 +74,17 @@ def dxl_port(dxl_emu):
 def sts_port(sts_emu):
     port = scs_sdk.PortHandler(sts_emu.port)
     assert port.openPort() and port.setBaudRate(1_000_000)
+    no_spin(port)
     yield port, scs_sdk.PacketHandler(0)
     port.closePort()
+
+
+def connect_lerobot(bus) -> None:
+    """``bus.connect()`` split in two so the port stops spinning before the handshake;
+    the handshake (ping + model number check, Feetech: firmware check) is LeRobot's own."""
+    bus.connect(handshake=False)
+    no_spin(bus.port_handler)
+    bus._handshake()
 
 
 def _s32(v: int) -> int:
@@ -179,7 +196,7 @@ def test_lerobot_feetech_bus_handshake_sync_read_write(sts_emu) -> None:
     motors = {n: Motor(i + 1, "sts3215", MotorNormMode.RANGE_M100_100) for i, n in
               enumerate(names)}
     bus = FeetechMotorsBus(sts_emu.port, motors)
-    bus.connect()  # pings every motor, checks model numbers and firmware versions
+    connect_lerobot(bus)  # pings every motor, checks model numbers and firmware versions
     try:
         raw = bus.sync_read("Present_Position", normalize=False)
         assert raw == {n: units.sts3215_units().raw_position(Q[k]) for k, n in enumerate(names)}
@@ -207,7 +224,7 @@ def test_lerobot_dynamixel_bus_handshake_and_reads(dxl_emu) -> None:
     motors = {n: Motor(11 + k, "xm430-w350", MotorNormMode.RANGE_M100_100)
               for k, n in enumerate(names)}
     bus = DynamixelMotorsBus(dxl_emu.port, motors)
-    bus.connect()
+    connect_lerobot(bus)
     try:
         cal = bus.read_calibration()
         assert {c.range_max for c in cal.values()} == {4095}

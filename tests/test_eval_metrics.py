@@ -191,3 +191,16 @@ def test_markdown_report_has_the_tables_and_both_references():
     assert "j2 (mm)" in text
     assert "## No contact" in text
     assert "`a`" in text and "`b`" in text
+
+
+def test_gate_on_unlabelled_frames_of_a_payload_run_is_reported_apart():
+    force = np.full((41, 3), np.nan)
+    force[10:30, 2] = -4.9  # the carry interval; -999 (NaN) before and after
+    ep = make_episode(41, force=force)
+    ro = perfect_rollout(ep)
+    ro.gate[:] = 0.9  # a gate stuck "on"
+    s = score_episode(ep, ro, SCALES)
+    assert s["gate"]["n"] == 20 and s["gate"]["recall"] == 1.0
+    assert s["false_contact"]["frames"] == 0  # no frame is *known* to be contact-free
+    assert s["unlabelled_frames"]["frames"] == 20  # steps 0-9 and 30-39
+    assert s["unlabelled_frames"]["false_contact_rate"] == 1.0

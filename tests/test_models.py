@@ -211,6 +211,8 @@ def test_windows_of_the_wrong_length_or_shape_are_rejected():
         act({**make_window(), "qd": torch.zeros(4, L, 6)})
     with pytest.raises(KeyError, match="missing channel.*voltage"):
         act({k: v for k, v in make_window().items() if k != "voltage"})
+    with pytest.raises(ValueError, match=r"window\['pad'\] must have shape \(B, L\)"):
+        act({**make_window(), "pad": torch.zeros(4, L - 1, dtype=torch.bool)})
 
 
 # --------------------------------------------------------------------- bad config
@@ -233,6 +235,8 @@ def test_bad_configuration_gives_clear_errors():
         stats = make_stats()
         stats["q"]["std"] = [1.0, 2.0]
         NeuralActuator(["state"], N, stats, {"arch": "mlp"})
+    with pytest.raises(ValueError, match="needs n_motors >= 1"):
+        NeuralActuator(["state"], norm_stats=make_stats())
     with pytest.raises(ValueError, match="needs an 'arch'"):
         NeuralActuator(["state"], N, make_stats(), {"d_model": 64})
     assert sorted(ENCODERS) == sorted(ARCHS)

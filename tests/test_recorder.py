@@ -46,9 +46,14 @@ def test_five_second_recording_rate_units_and_tracking(omx, tmp_path) -> None:
     assert ep.length >= 0.8 * expected and ep.length <= expected + 1
     dt = np.diff(f["timestamp"])
     assert np.median(dt) == pytest.approx(1 / omx.fps, rel=0.2)
-    assert f["telemetry_valid"].min() == 1.0
+    valid = f["telemetry_valid"] == 1
+    assert valid.mean() > 0.97  # a reply may miss its 12 ms timeout on the loaded 2 cores
+    assert np.isnan(f["q"][~valid]).all() and np.isfinite(f["q"][valid]).all()
+    np.testing.assert_array_equal(f["torque_enable"], 1.0)
     lo = np.array([c.limit_lower for c in omx.channels])
     hi = np.array([c.limit_upper for c in omx.channels])
+    ok = valid.all(axis=1)
+    f = {k: v[ok] if k != "timestamp" else v for k, v in f.items()}  # complete frames
     assert (f["q"] >= lo - 0.05).all() and (f["q"] <= hi + 0.05).all()
     assert np.abs(f["q"][:, 4]).max() < 0.03  # the gripper channel is a finger in metres
     assert 0.0 < np.abs(f["effort"]).max() < 3.3  # Present Current in A, below the limit
@@ -92,9 +97,9 @@ def test_dead_servo_mid_recording_is_marked_not_invented(omx, tmp_path) -> None:
         timer.cancel()
     [ep] = read_dataset(tmp_path / "d").episodes
     valid = ep.frames["telemetry_valid"]
-    assert valid[:20].min() == 1.0
+    assert valid[:20].mean() > 0.9
     assert valid[-10:, 2].max() == 0.0  # joint3 = servo 13
-    assert valid[-10:, [0, 1, 3, 4]].min() == 1.0  # the others keep streaming
+    assert valid[-10:, [0, 1, 3, 4]].mean() > 0.9  # the others keep streaming
     assert np.isnan(ep.frames["q"][valid[:, 2] == 0, 2]).all()
     assert 13 in ep.meta["absent_servos"]
     assert ep.length >= 0.8 * 1.5 * omx.fps * 0.7  # a few slots cost by timeouts at most
@@ -134,7 +139,9 @@ def test_alert_mid_recording_is_reported_in_the_episode(omx, tmp_path) -> None:
         timer.cancel()
     [ep] = read_dataset(tmp_path / "m").episodes
     assert "overload" in ep.meta["hardware_errors"]["12"]
-    assert ep.frames["telemetry_valid"].min() == 1.0  # an alert does not lose telemetry
+    assert ep.frames["telemetry_valid"][:, 1].mean() > 0.95  # an alert does not lose telemetry
+    torque = ep.frames["torque_enable"][:, 1]
+    assert torque[0] == 1.0 and torque[-1] == 0.0  # the firmware's shutdown is recorded
 
 
 def test_ctrl_c_saves_the_current_episode_and_keeps_earlier_ones(omx, tmp_path) -> None:
@@ -178,3 +185,43 @@ def test_bad_ports_are_named(omx, tmp_path) -> None:
                out=tmp_path / "p", progress=False)
     with pytest.raises(ValueError, match="different ports"):
         record(omx, "/dev/x", "/dev/x", "x", out=tmp_path / "p")
+
+
+def test_latency_within_and_beyond_the_reply_timeout(omx, tmp_path) -> None:
+    # 4 ms late replies still fit the 12 ms timeout: every frame complete.
+    leader, follower = _arms(omx, "dynamixel", Faults(latency_ms=4.0))
+    with leader, follower:
+        record(omx, leader.port, follower.port, "slow", seconds=1.0, out=tmp_path / "s",
+               progress=False)
+    [ep] = read_dataset(tmp_path / "s").episodes
+    assert ep.frames["telemetry_valid"].mean() > 0.95
+    # 25 ms late replies miss it: frames are kept, marked invalid (NaN), servos reported
+    # absent; the late bytes are never taken for a later cycle's answer.
+    leader, follower = _arms(omx, "dynamixel")
+    with leader, follower:
+        timer = threading.Timer(0.4, setattr, args=(follower.faults, "latency_ms", 25.0))
+        timer.start()
+        record(omx, leader.port, follower.port, "late", seconds=1.5, out=tmp_path / "l",
+               progress=False)
+        timer.cancel()
+    [ep] = read_dataset(tmp_path / "l").episodes
+    valid = ep.frames["telemetry_valid"]
+    assert valid[:5].mean() > 0.9 and valid[-10:].max() == 0.0
+    assert np.isnan(ep.frames["q"][-10:]).all()
+    assert sorted(ep.meta["absent_servos"]) == [11, 12, 13, 14, 15]
+
+
+def test_voltage_sag_is_recorded_with_the_effort(omx, tmp_path) -> None:
+    sag = 6.0
+    leader, follower = _arms(omx, "dynamixel", Faults(voltage_sag=sag))
+    with leader, follower:
+        record(omx, leader.port, follower.port, "sag", seconds=1.0, out=tmp_path / "v",
+               progress=False)
+    [ep] = read_dataset(tmp_path / "v").episodes
+    f = ep.frames
+    ok = f["telemetry_valid"].all(axis=1)
+    duty = np.abs(f["pwm"][ok]).max(axis=1)
+    volts = f["voltage"][ok].max(axis=1)
+    assert duty.max() > 0.1  # the follower worked, so the supply sagged
+    # supply 12 V less sag x the largest duty (0.3 V for quantisation and sensor noise)
+    assert (volts <= 12.0 - sag * duty + 0.3).all()

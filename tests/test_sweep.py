@@ -106,8 +106,10 @@ def test_ranked_table_orders_by_goal():
     assert rows[2].startswith("| 3 | run-1 |") and "failed" in rows[2]
 
 
-def test_local_sweep_runs_offline_and_ranks(tmp_path):
-    """Two real (tiny) runs of a grid; the table is ranked and results.json written."""
+@pytest.mark.parametrize("max_runs", [1, pytest.param(None, marks=pytest.mark.slow)])
+def test_local_sweep_runs_offline_and_ranks(tmp_path, max_runs):
+    """Real (tiny) runs of a grid, each the sweep's own command in a subprocess with wandb
+    offline; the table is ranked by the metric and results.json / results.md written."""
     data = write_sim_dataset(tmp_path / "so101", "so101")
     sweep = write_yaml(tmp_path / "arch.yaml", {
         "program": "nactuator", "method": "grid",
@@ -118,16 +120,18 @@ def test_local_sweep_runs_offline_and_ranks(tmp_path):
                     f"--data.paths=[{data}]", "--logger", "wandb", "${args}"],
     })
     out = tmp_path / "sweep"
-    table = run_sweep(str(sweep), out=str(out), extra_args=[
+    table = run_sweep(str(sweep), max_runs=max_runs, out=str(out), extra_args=[
         "--trainer.max_epochs=1", "--data.samples_per_epoch=4", "--data.batch_size=4",
         "--model.horizon_schedule={0: 2}", "--trainer.limit_val_batches=1",
         "--trainer.enable_progress_bar=false"])
     results = json.loads((out / "results.json").read_text())
-    assert [r["status"] for r in results["runs"]] == ["ok", "ok"], table
-    values = [r["metric"] for r in results["runs"]]
-    assert all(v is not None and v >= 0 for v in values)
+    runs = results["runs"]
+    assert len(runs) == (max_runs or 2)
+    assert [r["status"] for r in runs] == ["ok"] * len(runs), table
+    assert [r["params"]["model.arch"] for r in runs] == ["mlp", "gru"][: len(runs)]
+    assert all(r["metric"] is not None and r["metric"] >= 0 for r in runs)
     rows = table.splitlines()[2:]
-    best = min(results["runs"], key=lambda r: r["metric"])
+    best = min(runs, key=lambda r: r["metric"])
     assert rows[0].split("|")[2].strip() == best["run"]
     assert (out / "results.md").read_text().strip() == table.strip()
     assert list((out / "run-000").rglob("wandb/offline-run-*")), "wandb ran offline"

@@ -269,6 +269,49 @@ def test_nonfinite_updates_are_skipped_and_counted(so101_data, tmp_path):
     assert module.ema.num_updates == 2  # the EMA skips the skipped steps too
 
 
+# ------------------------------------------------- prismatic gripper (OMX finger)
+
+
+def test_omx_gripper_is_scored_in_millimetres(tmp_path):
+    data = write_sim_dataset(tmp_path / "omx", "omx", frames=24,
+                             splits={"train": 1, "validation": 1})
+    dm = make_dm(data, platform="omx", horizon=3, samples_per_epoch=4)
+    module = make_module("omx", horizon_schedule={0: 3})
+    assert module.prismatic == [4] and module.revolute == [0, 1, 2, 3]
+    trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=1, max_epochs=1)
+    trainer.fit(module, datamodule=dm)
+    metrics = trainer.callback_metrics
+    assert metrics["train/grip"] > 0 and torch.isfinite(metrics["train/loss"])
+    assert "val/grip_mae_mm" in metrics and "val/joint_mae_deg" in metrics
+
+
+# ----------------------------------------------------------- curriculum in a fit
+
+
+class RecordHorizons(L.Callback):
+    def __init__(self) -> None:
+        self.train: list[tuple[int, int]] = []
+        self.val: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.train.append((trainer.current_epoch, batch["q"].shape[1] - HISTORY - 1))
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.val.append(batch["q"].shape[1] - HISTORY - 1)
+
+
+def test_curriculum_drives_the_datamodule_and_validation_is_fixed(so101_data, tmp_path):
+    dm = make_dm(so101_data, horizon=4, samples_per_epoch=4)
+    module = make_module(horizon_schedule={0: 2, 1: 3}, val_horizon=5)
+    record = RecordHorizons()
+    trainer = make_trainer(tmp_path, max_epochs=3, max_steps=-1, limit_val_batches=1,
+                           callbacks=[record])
+    trainer.fit(module, datamodule=dm)
+    assert record.train == [(0, 2), (1, 3), (2, 3)]
+    assert record.val == [5, 5, 5]
+    assert dm.horizon == 3  # the training horizon is back after each validation
+
+
 # ------------------------------------------------------------- checkpoints, resume
 
 
@@ -313,6 +356,11 @@ def test_checkpoint_bundle_and_resume(so101_data, tmp_path):
     assert trainer3.global_step == 4
     step = next(iter(trainer3.optimizers[0].state_dict()["state"].values()))["step"]
     assert float(step) == 4.0
+
+    # The module itself reloads from the file alone (hparams + bundle), EMA included.
+    reloaded = NeuralActuatorModule.load_from_checkpoint(ckpt)
+    for k, v in resumed.actuator.state_dict().items():
+        torch.testing.assert_close(reloaded.actuator.state_dict()[k], v)
 
     # A checkpoint of another platform is refused with a clear message.
     with pytest.raises(ValueError, match="trained for platform 'so101'.*'omx'"):

@@ -114,3 +114,30 @@ def test_ddp_two_cpu_processes(data, tmp_path):
     assert state["global_step"] == 2
     for v in state["nactuator"]["state_dict"].values():
         assert torch.isfinite(v).all()
+
+
+@pytest.mark.slow
+def test_ddp_two_nodes_on_loopback(data, tmp_path):
+    """`--trainer.num_nodes 2`: one process per "node", joined over 127.0.0.1 (gloo), as
+    on a real cluster where each node runs the same command with its NODE_RANK."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for node_rank in (0, 1):
+        out = tmp_path / f"node{node_rank}"
+        env = dict(os.environ, WARP_CACHE_PATH=str(ROOT / ".cache" / "warp"),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(node_rank))
+        cmd = [sys.executable, "-m", "nactuator.cli", "fit", "--config", BASE,
+               "--platform", "so101", f"--data.paths=[{data}]", *tiny_args(out),
+               "--trainer.strategy=ddp", "--trainer.num_nodes=2", "--trainer.devices=1",
+               "--trainer.accelerator=cpu"]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, text in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, text[-3000:]
+    assert "GLOBAL_RANK: 1" in outputs[1] and "MEMBER: 2/2" in outputs[1]
+    assert len(list((tmp_path / "node0").rglob("last.ckpt"))) == 1

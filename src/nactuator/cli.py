@@ -84,11 +84,13 @@ def _export(a: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep(a: argparse.Namespace) -> int:
+def _sweep(a: argparse.Namespace, rest: list[str]) -> int:
     from nactuator.training.sweep import run_sweep
 
+    # LightningCLI-style extras (--trainer.x=...) arrive unparsed; a "--" separator is optional.
+    extra = [x for x in [*a.extra, *rest] if x != "--"]
     print(run_sweep(a.file, max_runs=a.max_runs, method=a.method, out=a.out,
-                    extra_args=a.extra))
+                    extra_args=extra))
     return 0
 
 
@@ -194,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--method", default=None, choices=[None, "grid", "random"])
     s.add_argument("--out", default="runs/sweep")
     s.add_argument("extra", nargs="*", help="extra LightningCLI args for every run")
-    s.set_defaults(func=_sweep)
+    s.set_defaults(func=_sweep, passthrough=True)
 
     s = sub.add_parser("emulate", help="a virtual servo arm on a pseudo-terminal")
     s.add_argument("--bus", required=True, choices=["dynamixel", "feetech"])

@@ -78,6 +78,7 @@ class LiveLoop:
         self.actuator, self.bus, self.platform = actuator, bus, platform
         self.q_cmd = np.asarray(q_hold, dtype=float)
         self.window = CausalWindow(actuator.inputs, actuator.history, platform.n, device)
+        self.t0: float | None = None  # time of the first frame; rows carry t - t0
         names = platform.channel_names
         self.columns = (["t", "fx", "fy", "fz", "gate"] + [f"condition_{c}" for c in names]
                         + ["valid", "warm", "read_ms", "infer_ms", "write_ms", "total_ms",
@@ -98,7 +99,9 @@ class LiveLoop:
         t2 = time.perf_counter()
         self.bus.write_goal(self.q_cmd)
         t3 = time.perf_counter()
-        row = {"t": frame.t, "fx": float(force[0]), "fy": float(force[1]),
+        if self.t0 is None:
+            self.t0 = frame.t
+        row = {"t": frame.t - self.t0, "fx": float(force[0]), "fy": float(force[1]),
                "fz": float(force[2]), "gate": gate}
         row.update({f"condition_{c}": float(v)
                     for c, v in zip(self.platform.channel_names, condition, strict=True)})

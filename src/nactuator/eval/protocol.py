@@ -170,6 +170,10 @@ def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
     quiet = np.ones(steps, bool) if no_contact_run else labelled & (
         magnitude <= M.CONTACT_THRESHOLD_N)
     out["false_contact"] = M.no_contact_metrics(ro.gate[quiet], ro.force[quiet])
+    if not no_contact_run:
+        # Unlabelled frames of a labelled run (SO-101 outside the carry): 0 N by the
+        # reference convention, though nobody measured it; reported apart from the above.
+        out["unlabelled_frames"] = M.no_contact_metrics(ro.gate[~labelled], ro.force[~labelled])
     if no_contact_run:
         out["no_contact_run"] = {"model": M.no_contact_metrics(ro.gate, ro.force)}
         if f_lin is not None:

@@ -137,6 +137,11 @@ def markdown_report(result: Mapping) -> str:
     rows = [["frames with no contact (labelled ≤ 0.01 N, or a no-contact run)",
              str(fc["frames"]), _pct(fc["false_contact_rate"]), _num(fc["mean_force_norm"], 3),
              "—"]]
+    un = mean.get("unlabelled_frames")
+    if un and un["frames"]:
+        rows.append(["unlabelled frames of labelled runs (0 N by convention)",
+                     str(un["frames"]), _pct(un["false_contact_rate"]),
+                     _num(un["mean_force_norm"], 3), "—"])
     if agg.get("no_contact"):
         nc = agg["no_contact"]["mean"]["no_contact_run"]
         lin_norm = nc.get("linear_regression", {}).get("mean_force_norm")

@@ -81,6 +81,7 @@ class TelemetryFrame:
     current: np.ndarray
     valid: np.ndarray
     errors: dict[int, str] = field(default_factory=dict)
+    torque: np.ndarray | None = None  # 1 where torque is on (as last set or read back)
     read_s: float = 0.0  # wall time the read took
 
     @classmethod
@@ -163,6 +164,7 @@ class TelemetryBus(abc.ABC):
         self._reported: set[tuple[int, str]] = set()
         self.counters = {"reads": 0, "incomplete": 0, "retries": 0, "checksum_errors": 0,
                          "timeouts": 0}
+        self.torque = np.zeros(len(self.ids))  # refreshed at connect and on hardware errors
 
     # --- lifecycle --------------------------------------------------------------------
     def connect(self) -> TelemetryBus:
@@ -170,6 +172,9 @@ class TelemetryBus(abc.ABC):
         try:
             self._connect()
             self._block_reads()
+            for k, sid in enumerate(self.ids):
+                state = self._read_torque(sid)
+                self.torque[k] = 0.0 if state is None else float(state)
             if self._torque_request is not None:
                 self.set_torque(self._torque_request)
         except BaseException:
@@ -216,9 +221,9 @@ class TelemetryBus(abc.ABC):
         blocks, errors = self._read_blocks(wanted) if wanted else ({}, {})
         # Retry servo by servo (a read has no side effect, so it is always safe) while the
         # cycle's retry budget lasts: a corrupt reply costs microseconds, a lost one a timeout.
-        for _ in range(self.read_retries):
+        for attempt in range(self.read_retries):
             missing = [i for i in wanted if i not in blocks]
-            if not missing or time.perf_counter() - t0 > self.retry_budget_s:
+            if not missing or (attempt > 0 and time.perf_counter() - t0 > self.retry_budget_s):
                 break
             self.counters["retries"] += 1
             more, more_err = self._read_each(missing)
@@ -235,7 +240,13 @@ class TelemetryBus(abc.ABC):
         for sid, err in errors.items():
             if err:
                 frame.errors[sid] = err
+                if (sid, err) not in self._reported:
+                    # A new hardware error: the firmware may have switched torque off.
+                    state = self._read_torque(sid)
+                    if state is not None:
+                        self.torque[self.ids.index(sid)] = float(state)
                 self._report_once(sid, err)
+        frame.torque = self.torque.copy()
         self.counters["reads"] += 1
         if not frame.valid.all():
             self.counters["incomplete"] += 1
@@ -269,6 +280,35 @@ class TelemetryBus(abc.ABC):
                 "failed in a row): check its cable, the daisy chain before it and its power. "
                 f"Its channel is recorded with telemetry_valid=0; probing again every "
                 f"{self.reprobe_s:g} s"))
+
+    def set_torque(self, enabled: bool) -> None:
+        """Torque on/off on every servo, one acknowledged write each (3 tries).
+
+        Switching on fails loudly (which servo, why); switching off is best effort — a
+        servo that is gone or latched an error is reported and skipped.
+        """
+        problems = []
+        for name, sid in zip(self.names, self.ids, strict=True):
+            problem = None
+            for _ in range(3):
+                problem = self._write_torque(sid, enabled)
+                if problem is None:
+                    break
+            if problem is None and enabled and self._read_torque(sid) == 0:
+                problem = "refused to switch torque on"
+            if problem is not None:
+                problems.append((sid, name, problem))
+            self.torque[self.ids.index(sid)] = float(enabled and problem is None)
+        if not problems:
+            return
+        action = f"switching torque {'on' if enabled else 'off'} on {self.port}"
+        detail = " | ".join(f"servo {sid} ({name}): {self._explain(sid, p)}"
+                            for sid, name, p in problems)
+        if not enabled:
+            log.warning("%s: %s", action, detail)
+            return
+        silent = all(p == "no status packet" for _, _, p in problems)
+        raise (BusError if silent else HardwareAlert)(f"{action} failed: {detail}")
 
     def _report_once(self, sid: int, key: str, message: str | None = None) -> None:
         if (sid, key) in self._reported:
@@ -309,7 +349,16 @@ class TelemetryBus(abc.ABC):
         """Command joint targets (SI, channel order) with one sync write, no reply."""
 
     @abc.abstractmethod
-    def set_torque(self, enabled: bool) -> None: ...
+    def _write_torque(self, sid: int, enabled: bool) -> str | None:
+        """Write the torque register of one servo: None if acknowledged, else what failed."""
+
+    @abc.abstractmethod
+    def _read_torque(self, sid: int) -> int | None:
+        """The servo's torque register (0/1), or None if it does not answer."""
+
+    @abc.abstractmethod
+    def _explain(self, sid: int, problem: str) -> str:
+        """Turn a failed torque write into a message a user can act on."""
 
     @abc.abstractmethod
     def read_goal(self) -> np.ndarray:

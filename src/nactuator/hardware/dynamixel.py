@@ -9,6 +9,8 @@ register per sync read and cannot see the per-servo error byte. Units: ``units.p
 
 from __future__ import annotations
 
+import time
+
 import dynamixel_sdk as dxl
 import numpy as np
 from lerobot.motors import Motor, MotorCalibration, MotorNormMode
@@ -17,7 +19,6 @@ from lerobot.motors.dynamixel import DynamixelMotorsBus
 from nactuator.hardware import units
 from nactuator.hardware.bus import (
     BusError,
-    HardwareAlert,
     ServoMissingError,
     TelemetryBus,
     TelemetryFrame,
@@ -26,6 +27,7 @@ from nactuator.hardware.bus import (
 
 TELEMETRY_ADDR, TELEMETRY_LEN = 124, 23
 HW_ERROR_ADDR = 70
+TORQUE_ADDR = 64
 FAST_SYNC_MIN_FIRMWARE = 45
 HW_ERROR_BITS = {0: "input voltage", 2: "overheating", 3: "motor encoder",
                  4: "electrical shock", 5: "overload"}
@@ -114,9 +116,16 @@ class DynamixelTelemetryBus(TelemetryBus):
         carries the Alert bit is present (its hardware error is reported separately)."""
         for _ in range(tries):
             self._port.ser.reset_input_buffer()
-            model, comm, _ = self._ph.ping(self._port, sid)
+            try:
+                model, comm, _ = self._ph.ping(self._port, sid)
+            except IndexError:
+                # The SDK took a late reply to an earlier try (no parameters) for this
+                # one and indexed into it. Let the stragglers arrive, drop them, retry.
+                time.sleep(0.02)
+                continue
             if comm == dxl.COMM_SUCCESS:
                 return model
+            time.sleep(0.005)
         return None
 
     def _close(self) -> None:
@@ -229,23 +238,26 @@ class DynamixelTelemetryBus(TelemetryBus):
         raw = self.lerobot.sync_read("Goal_Position", normalize=False, num_retry=2)
         return np.array([self.units[k].position(raw[n]) for k, n in enumerate(self.names)])
 
-    def set_torque(self, enabled: bool) -> None:
-        try:
-            if enabled:
-                self.lerobot.enable_torque(num_retry=2)
-            else:
-                self.lerobot.disable_torque(num_retry=2)
-        except (RuntimeError, ConnectionError) as e:
-            raise self._diagnose(f"switching torque {'on' if enabled else 'off'}", e) from e
+    def _write_torque(self, sid: int, enabled: bool) -> str | None:
+        self._port.ser.reset_input_buffer()
+        comm, err = self._ph.write1ByteTxRx(self._port, sid, TORQUE_ADDR, int(enabled))
+        if comm != dxl.COMM_SUCCESS:
+            return "no status packet"
+        if err & 0x7F:
+            return f"status error: {self._ph.getRxPacketError(err & 0x7F)}"
+        if err & 0x80 and enabled:
+            return "hardware error alert"
+        return None
 
-    def _diagnose(self, action: str, err: Exception) -> BusError:
-        alerts = []
-        for name, sid in zip(self.names, self.ids, strict=True):
-            status = self.read_hardware_error(sid)
-            if status is None:
-                alerts.append(f"servo {sid} ({name}) does not answer")
-            elif status:
-                alerts.append(f"servo {sid} ({name}): {hardware_error_text(status)}")
-        if alerts:
-            return HardwareAlert(f"{action} on {self.port} failed: " + " | ".join(alerts))
-        return BusError(f"{action} on {self.port} failed: {err}")
+    def _read_torque(self, sid: int) -> int | None:
+        self._port.ser.reset_input_buffer()
+        value, comm, _ = self._ph.read1ByteTxRx(self._port, sid, TORQUE_ADDR)
+        return value if comm == dxl.COMM_SUCCESS else None
+
+    def _explain(self, sid: int, problem: str) -> str:
+        if problem == "no status packet":
+            return "does not answer (check its cable and power)"
+        status = self.read_hardware_error(sid)
+        if status:
+            return hardware_error_text(status)
+        return problem

@@ -11,6 +11,8 @@ Units: ``units.py``.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import scservo_sdk as scs_sdk
 from lerobot.motors import Motor, MotorCalibration, MotorNormMode
@@ -19,7 +21,6 @@ from lerobot.motors.feetech import FeetechMotorsBus
 from nactuator.hardware import units
 from nactuator.hardware.bus import (
     BusError,
-    HardwareAlert,
     ServoMissingError,
     TelemetryBus,
     TelemetryFrame,
@@ -28,6 +29,7 @@ from nactuator.hardware.bus import (
 from nactuator.hardware.protocol.scs import decode_sign_magnitude, error_text
 
 TELEMETRY_ADDR, TELEMETRY_LEN = 56, 15
+TORQUE_ADDR, LOCK_ADDR = 40, 55
 STATUS_ADVICE = {
     1: "check the supply voltage and the voltage limits (registers 14/15)",
     2: "angle sensor fault: check the servo",
@@ -98,9 +100,16 @@ class FeetechTelemetryBus(TelemetryBus):
         """Model number, or None if no answer (a status error bit does not mean absent)."""
         for _ in range(tries):
             self._port.ser.reset_input_buffer()
-            model, comm, _ = self._ph.ping(self._port, sid)
+            try:
+                model, comm, _ = self._ph.ping(self._port, sid)
+            except IndexError:
+                # The SDK took a late reply to an earlier try (no parameters) for this
+                # one and indexed into it. Let the stragglers arrive, drop them, retry.
+                time.sleep(0.02)
+                continue
             if comm == scs_sdk.COMM_SUCCESS:
                 return model
+            time.sleep(0.005)
         return None
 
     def _close(self) -> None:
@@ -171,22 +180,27 @@ class FeetechTelemetryBus(TelemetryBus):
         raw = self.lerobot.sync_read("Goal_Position", normalize=False, num_retry=2)
         return np.array([self.units[k].position(raw[n]) for k, n in enumerate(self.names)])
 
-    def set_torque(self, enabled: bool) -> None:
-        try:
-            if enabled:
-                self.lerobot.enable_torque(num_retry=2)
-            else:
-                self.lerobot.disable_torque(num_retry=2)
-        except (RuntimeError, ConnectionError) as e:
-            problems = []
-            for name, sid in zip(self.names, self.ids, strict=True):
-                self._port.ser.reset_input_buffer()
-                _, comm, err = self._ph.read1ByteTxRx(self._port, sid, 65)
-                if comm != scs_sdk.COMM_SUCCESS:
-                    problems.append(f"servo {sid} ({name}) does not answer")
-                elif err:
-                    problems.append(f"servo {sid} ({name}): {status_text(err)}")
-            action = f"switching torque {'on' if enabled else 'off'} on {self.port}"
-            if problems:
-                raise HardwareAlert(f"{action} failed: " + " | ".join(problems)) from e
-            raise BusError(f"{action} failed: {e}") from e
+    def _write_torque(self, sid: int, enabled: bool) -> str | None:
+        # As LeRobot does: Torque_Enable, then Lock (EEPROM writes persist only unlocked).
+        for addr in (TORQUE_ADDR, LOCK_ADDR):
+            self._port.ser.reset_input_buffer()
+            comm, err = self._ph.write1ByteTxRx(self._port, sid, addr, int(enabled))
+            if comm != scs_sdk.COMM_SUCCESS:
+                return "no status packet"
+            if err and enabled:
+                return f"status error 0x{err:02X}"
+        return None
+
+    def _read_torque(self, sid: int) -> int | None:
+        self._port.ser.reset_input_buffer()
+        value, comm, _ = self._ph.read1ByteTxRx(self._port, sid, TORQUE_ADDR)
+        return value if comm == scs_sdk.COMM_SUCCESS else None
+
+    def _explain(self, sid: int, problem: str) -> str:
+        if problem == "no status packet":
+            return "does not answer (check its cable and power)"
+        self._port.ser.reset_input_buffer()
+        _, comm, err = self._ph.read1ByteTxRx(self._port, sid, TORQUE_ADDR)
+        if comm == scs_sdk.COMM_SUCCESS and err:
+            return status_text(err)
+        return problem

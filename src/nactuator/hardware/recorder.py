@@ -43,7 +43,8 @@ class EpisodeBuffer:
     def __init__(self, n: int, payload_kg: float | None) -> None:
         self.n = n
         self.payload_kg = payload_kg
-        self.rows: dict[str, list[np.ndarray]] = {k: [] for k in (*self.KEYS, "telemetry_valid")}
+        self.rows: dict[str, list[np.ndarray]] = {
+            k: [] for k in (*self.KEYS, "telemetry_valid", "torque_enable")}
         self.timestamps: list[float] = []
         self.errors: dict[int, str] = {}
 
@@ -56,6 +57,8 @@ class EpisodeBuffer:
         for key in self.KEYS[1:]:
             self.rows[key].append(getattr(f, key).copy())
         self.rows["telemetry_valid"].append(f.valid.astype(float))
+        torque = f.torque if f.torque is not None else np.ones(self.n)
+        self.rows["torque_enable"].append(np.asarray(torque, dtype=float))
         for sid, err in f.errors.items():
             self.errors.setdefault(sid, err)
 
@@ -212,7 +215,7 @@ def record(platform: str | Platform, leader: str, follower: str, task: str,
                 raise error
             if interrupted:
                 break
-        foll_bus.set_torque(False)
+        foll_bus.set_torque(False)  # as LeRobot does on disconnect
     writer.close()
     frames = sum(n for _, n in saved)
     how = " (stopped by Ctrl-C)" if interrupted else ""

@@ -15,17 +15,24 @@ from nactuator.models.networks import build_model
 class NeuralActuator(nn.Module):
     """Window of raw channels (Contract 1 keys, each (B, L, n)) -> head outputs.
 
-    ``model_config`` is ``{"arch": ..., "history": 9, **sizes}`` (``conf/model/*.yaml``);
-    the resolved config (every size filled in) is kept in ``self.model_config``.
+    ``features`` lists feature groups (``models.FEATURE_GROUPS``; ``DEFAULT_FEATURES`` is
+    all four), ``norm_stats`` is the DataModule's ``{key: {"mean": [n], "std": [n]}}``,
+    ``model_config`` is ``{"arch": ..., "history": 9, **sizes}`` (``conf/model/*.yaml``;
+    default: the transformer). The resolved config (every size filled in) is kept in
+    ``self.model_config``.
     """
 
-    def __init__(self, features: Sequence[str] = DEFAULT_FEATURES, n_motors: int = 5,
+    def __init__(self, features: Sequence[str] = DEFAULT_FEATURES, n_motors: int | None = None,
                  norm_stats: Mapping | None = None,
                  model_config: Mapping[str, Any] | None = None) -> None:
         super().__init__()
-        if norm_stats is None:
+        if not isinstance(n_motors, int) or n_motors < 1:
+            raise ValueError(f"NeuralActuator needs n_motors >= 1 (the platform's channel "
+                             f"count), got {n_motors!r}")
+        if not isinstance(norm_stats, Mapping):
             raise ValueError("NeuralActuator needs norm_stats (the DataModule's train-split "
-                             "statistics, {key: {'mean': [n], 'std': [n]}})")
+                             "statistics, {key: {'mean': [n], 'std': [n]}}), got "
+                             f"{type(norm_stats).__name__}")
         config = dict(model_config or {"arch": "transformer"})
         if "arch" not in config:
             raise ValueError(f"model_config needs an 'arch' key, got keys {sorted(config)}")

@@ -101,6 +101,10 @@ class FeatureBuilder(nn.Module):
             if len(s) != 3 or s[2] != self.n_motors or s[:2] != shape[:2]:
                 raise ValueError(f"window[{key!r}] must have shape (B, L, {self.n_motors}) "
                                  f"like the other channels {tuple(shape)}, got {tuple(s)}")
+        pad = window.get("pad")
+        if pad is not None and tuple(pad.shape) != tuple(shape[:2]):
+            raise ValueError(f"window['pad'] must have shape (B, L) = {tuple(shape[:2])}, "
+                             f"got {tuple(pad.shape)}")
 
     def forward(self, window: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """window: dict of (B, L, n_motors) tensors; optional ``pad`` (B, L) bool marks

@@ -7,8 +7,11 @@ Robot models live in ``sim/robots/*.xml``. See docs/simulator.md.
 
 import warp as wp
 
-# Warp prints a line per loaded kernel module; keep library users' output clean.
-wp.config.quiet = True
+# Warp logs its banner and a line per loaded kernel module to stdout at INFO, which would
+# corrupt machine-readable output such as `nactuator sim-check --json`. Quieten it unless the
+# user already chose a level.
+if wp.config.log_level == wp.LOG_INFO:
+    wp.config.log_level = wp.LOG_WARNING
 
 from nactuator.sim.simulator import Simulator  # noqa: E402
 

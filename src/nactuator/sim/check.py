@@ -71,7 +71,8 @@ def tracking_torques(sim: Simulator, q0: torch.Tensor, qd0: torch.Tensor, steps:
     lo, hi = _bounds(platform)
     span = (hi - lo).to(sim.device)
     batch, n = q0.shape
-    t = torch.arange(steps, dtype=torch.float32, device=sim.device)[:, None, None] * platform.control_dt
+    t = torch.arange(steps, dtype=torch.float32, device=sim.device)[:, None, None]
+    t = t * platform.control_dt
     freq = (0.2 + 0.6 * torch.rand(batch, n, generator=gen)).to(sim.device)
     phase = (2 * math.pi * torch.rand(batch, n, generator=gen)).to(sim.device)
     amp = 0.08 * span

@@ -63,7 +63,8 @@ class ChainKinematics(torch.nn.Module):
         def frames(key: str) -> tuple[torch.Tensor, torch.Tensor]:
             x = arrays[key]
             rot = np.stack([_quat_xyzw_to_matrix(t[3:7]) for t in x])
-            return torch.tensor(rot, dtype=torch.float64), torch.tensor(x[:, :3], dtype=torch.float64)
+            f64 = torch.float64
+            return torch.tensor(rot, dtype=f64), torch.tensor(x[:, :3], dtype=f64)
 
         rp, pp = frames("joint_X_p")
         rc, pc = frames("joint_X_c")
@@ -77,7 +78,8 @@ class ChainKinematics(torch.nn.Module):
         self.register_buffer("rot_c_inv", rc_inv)
         self.register_buffer("pos_c_inv", pc_inv)
         self.register_buffer("axis", torch.tensor(arrays["joint_axis"][:n], dtype=torch.float64))
-        self.register_buffer("body_mass", torch.tensor(arrays["body_mass"][:nb], dtype=torch.float64))
+        self.register_buffer("body_mass",
+                             torch.tensor(arrays["body_mass"][:nb], dtype=torch.float64))
         self.register_buffer("body_com", torch.tensor(arrays["body_com"][:nb], dtype=torch.float64))
         self.register_buffer("body_inertia", torch.tensor(inertia))
         self.register_buffer("armature", torch.tensor(armature, dtype=torch.float64))
@@ -149,7 +151,8 @@ class ChainKinematics(torch.nn.Module):
         """End-effector point in the world (= base) frame, (B, 3) [m]."""
         f = self.frames(q)
         off = self.ee_offset.to(q.device, q.dtype)
-        return f["body_pos"][:, self.ee_body] + (f["body_rot"][:, self.ee_body] @ off[:, None])[..., 0]
+        rot = f["body_rot"][:, self.ee_body]
+        return f["body_pos"][:, self.ee_body] + (rot @ off[:, None])[..., 0]
 
     def ee_jacobian(self, q: torch.Tensor) -> torch.Tensor:
         """Linear Jacobian of the end-effector point, (B, 3, n): columns a x (p - o) for

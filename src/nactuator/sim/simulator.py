@@ -85,7 +85,8 @@ class _Engine:
             for i in range(self.substeps):
                 self.solver.step(states[i], states[i + 1], control, None, self.dt)
         # The states own their .grad buffers, so backward copies the seeds into them.
-        tape.backward(grads={states[-1].joint_q: _flat(grad_q), states[-1].joint_qd: _flat(grad_qd)})
+        tape.backward(grads={states[-1].joint_q: _flat(grad_q),
+                             states[-1].joint_qd: _flat(grad_qd)})
         grads = (
             self._shape(control.joint_f.grad),
             self._shape(states[0].joint_q.grad),
@@ -129,8 +130,9 @@ class Simulator:
             raise TypeError(f"platform must be a Platform or a platform name, got "
                             f"{type(platform).__name__}")
         self.platform = platform
-        self.device = torch.device(device)
-        self._wp_device = _warp_device(self.device)
+        self._wp_device = _warp_device(torch.device(device))
+        # "cuda" and "cuda:0" compare unequal in torch: pin the index so input checks work.
+        self.device = torch.device(self._wp_device)
         self.settings = sim_settings(platform)
         self._solver_cls = GradientSafeFeatherstone if gradient_fix else SolverFeatherstone
         self._engines: dict[int, _Engine] = {}

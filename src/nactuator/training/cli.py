@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,8 @@ def lightning_main(argv: Sequence[str], run: bool = True) -> Any:
     from nactuator.data.datamodule import NADDataModule
     from nactuator.training.module import NeuralActuatorModule
 
+    # We pass the rewritten argv explicitly while sys.argv still holds the original.
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     cli_class = _make_cli_class()
     return cli_class(
         NeuralActuatorModule,

@@ -83,6 +83,8 @@ class NeuralActuatorModule(L.LightningModule):
             match the DataModule's ``history``.
         horizon_schedule: curriculum ``{first_epoch: horizon}``, applied through
             ``datamodule.set_horizon`` (needs ``reload_dataloaders_every_n_epochs=1``).
+        val_horizon: rollout length for validation and test, fixed so that validation
+            figures compare across curriculum stages (default: the curriculum's longest).
         loss: loss weights (SPEC §5; OMX defaults; SO-101 uses ``w_vel: 5``).
         lr, weight_decay, betas: AdamW.
         warmup_steps: linear LR warm-up from 0, then cosine decay to ``min_lr_ratio · lr``.
@@ -104,6 +106,7 @@ class NeuralActuatorModule(L.LightningModule):
         features: list[str] | None = None,
         history: int = 8,
         horizon_schedule: dict[int, int] | None = None,
+        val_horizon: int | None = None,
         loss: LossWeights | None = None,
         lr: float = 1e-4,
         weight_decay: float = 1e-4,
@@ -125,6 +128,9 @@ class NeuralActuatorModule(L.LightningModule):
         self.history = history
         self.model_config = resolve_model_config(arch, history, width, depth, model_sizes)
         self.curriculum = HorizonCurriculum(horizon_schedule or {0: 8})
+        if val_horizon is not None and val_horizon < 1:
+            raise ValueError(f"val_horizon must be >= 1, got {val_horizon}")
+        self.val_horizon = val_horizon or self.curriculum.max_horizon
         self.loss_weights = loss if loss is not None else LossWeights()
         if lr <= 0 or warmup_steps < 0 or not 0 <= min_lr_ratio <= 1:
             raise ValueError(
@@ -148,6 +154,7 @@ class NeuralActuatorModule(L.LightningModule):
         self._ema_backup: dict[str, torch.Tensor] | None = None
         self._simulator: Any = None
         self._rank_seeded = False
+        self._train_horizon: int | None = None
         self._simulator_device: str | None = None
 
     # ------------------------------------------------------------------ model and data
@@ -180,8 +187,7 @@ class NeuralActuatorModule(L.LightningModule):
             if stage == "fit":
                 self.apply_horizon(0)
             else:
-                # Evaluate at the longest horizon the curriculum trains for.
-                self._set_datamodule_horizon(datamodule, self.curriculum.max_horizon)
+                self._set_datamodule_horizon(datamodule, self.val_horizon)
         if stage == "fit" and self.curriculum.changes and self._trainer is not None:
             # The number of segments changes with the horizon, so the train loader must be
             # rebuilt when a new curriculum stage starts.
@@ -354,7 +360,8 @@ class NeuralActuatorModule(L.LightningModule):
         # drop all gradients (optimisers skip parameters whose .grad is None, so neither
         # the Adam moments nor weight decay move) and count it.
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        finite = all(bool(torch.isfinite(g).all()) for g in grads)
+        finite = bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()) \
+            if grads else True
         self._step_skipped = not finite
         if not finite:
             self.skipped_nonfinite += 1
@@ -393,26 +400,36 @@ class NeuralActuatorModule(L.LightningModule):
 
     # -------------------------------------------------------------- validation / test
 
-    def _swap_in_ema(self) -> None:
+    def _start_evaluation(self) -> None:
+        """EMA weights in, and the fixed evaluation horizon (the loader's batches are
+        drawn after this hook, so they already have the new length)."""
         if self.ema is not None and self._ema_backup is None:
             self._ema_backup = self.ema.swap_in(self.actuator)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None:
+            self._train_horizon = getattr(datamodule, "horizon", None)
+            self._set_datamodule_horizon(datamodule, self.val_horizon)
 
-    def _restore_raw(self) -> None:
+    def _end_evaluation(self) -> None:
         if self._ema_backup is not None:
             self.ema.restore(self.actuator, self._ema_backup)
             self._ema_backup = None
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None and self._train_horizon is not None:
+            self._set_datamodule_horizon(datamodule, self._train_horizon)
+            self._train_horizon = None
 
     def on_validation_start(self) -> None:
-        self._swap_in_ema()
+        self._start_evaluation()
 
     def on_validation_end(self) -> None:
-        self._restore_raw()
+        self._end_evaluation()
 
     def on_test_start(self) -> None:
-        self._swap_in_ema()
+        self._start_evaluation()
 
     def on_test_end(self) -> None:
-        self._restore_raw()
+        self._end_evaluation()
 
     def _evaluate(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         r = self(batch)
@@ -439,6 +456,7 @@ class NeuralActuatorModule(L.LightningModule):
         config["loss"] = asdict(self.loss_weights)
         config["model_config"] = dict(self.actuator.model_config) if self.actuator else None
         config["horizon_schedule"] = dict(self.curriculum.stages)
+        config["val_horizon"] = self.val_horizon
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
         if datamodule is not None and getattr(datamodule, "hparams", None) is not None:
             config["data"] = _plain(dict(datamodule.hparams))
