@@ -104,8 +104,8 @@ def main() -> None:
           "(1 arm) | fwd / MuJoCo | fwd+bwd / MuJoCo |")
     print("|---|---|---|---|---|---|---|")
     for name, batch, fwd, both, ref in rows:
-        print(f"| {name} | {batch} | {fwd:,.0f} | {both:,.0f} | {ref:,.0f} | {fwd / ref:.2f} | "
-              f"{both / ref:.3f} |")
+        print(f"| {name} | {batch} | {fwd:,.0f} | {both:,.0f} | {ref:,.0f} | {fwd / ref:.3g} | "
+              f"{both / ref:.3g} |")
 
     if not args.no_start:
         with tempfile.TemporaryDirectory(prefix="warp-cold-") as cache:

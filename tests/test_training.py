@@ -359,8 +359,10 @@ def test_checkpoint_bundle_and_resume(so101_data, tmp_path):
 
     # The module itself reloads from the file alone (hparams + bundle), EMA included.
     reloaded = NeuralActuatorModule.load_from_checkpoint(ckpt)
-    for k, v in resumed.actuator.state_dict().items():
-        torch.testing.assert_close(reloaded.actuator.state_dict()[k], v)
+    for k, v in module.actuator.state_dict().items():
+        torch.testing.assert_close(reloaded.actuator.state_dict()[k], v, rtol=0, atol=0)
+    for k, v in module.ema.shadow.items():
+        torch.testing.assert_close(reloaded.ema.shadow[k], v, rtol=0, atol=0)
 
     # A checkpoint of another platform is refused with a clear message.
     with pytest.raises(ValueError, match="trained for platform 'so101'.*'omx'"):

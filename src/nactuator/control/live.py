@@ -34,30 +34,38 @@ __all__ = ["CausalWindow", "LiveLoop", "run_live", "summarize_timings"]
 
 
 class CausalWindow:
-    """The last L frames of the actuator's input channels, as ready-to-use tensors."""
+    """The last L frames of the actuator's input channels, as ready-to-use tensors.
+
+    One (K, L, n) float32 array holds all K channels; on the CPU the tensors handed to the
+    model are views of it, so a cycle copies nothing but the new row.
+    """
 
     def __init__(self, keys: list[str], history: int, n: int, device: str = "cpu") -> None:
         self.keys, self.L, self.n = list(keys), history, n
-        self.buf = {k: np.zeros((history, n), dtype=np.float32) for k in self.keys}
-        self.last_valid = {k: np.full(n, np.nan, dtype=np.float32) for k in self.keys}
+        self.data = np.zeros((len(self.keys), history, n), dtype=np.float32)
+        self.last_valid = np.full((len(self.keys), n), np.nan, dtype=np.float32)
         self.count = 0
         self.device = torch.device(device)
-        self._tensors = {k: torch.zeros((1, history, n), dtype=torch.float32,
-                                        device=self.device) for k in self.keys}
+        shared = torch.from_numpy(self.data)
+        self._tensor = shared if self.device.type == "cpu" else shared.to(self.device)
+        self._shared = shared
+        self._views = {k: self._tensor[i : i + 1] for i, k in enumerate(self.keys)}
+
+    @property
+    def buf(self) -> dict[str, np.ndarray]:
+        return {k: self.data[i] for i, k in enumerate(self.keys)}
 
     def push(self, values: dict[str, np.ndarray], valid: np.ndarray) -> None:
-        for k in self.keys:
-            v = np.asarray(values[k], dtype=np.float32)
-            lv = self.last_valid[k]
-            # A motor not read this cycle: carry its last reading (or, if it never had
-            # one, 0 — the normalised mean would be better, but 0 keeps the rule simple).
-            lv[:] = np.where(valid & np.isfinite(v), v, lv)
-            row = np.nan_to_num(lv, nan=0.0)
-            if self.count == 0:
-                self.buf[k][:] = row  # pad the window with the first frame
-            else:
-                self.buf[k][:-1] = self.buf[k][1:]
-                self.buf[k][-1] = row
+        row = np.stack([np.asarray(values[k], dtype=np.float32) for k in self.keys])
+        # A motor not read this cycle carries its last reading (0 if it never had one).
+        keep = valid[None, :] & np.isfinite(row)
+        self.last_valid = np.where(keep, row, self.last_valid)
+        row = np.nan_to_num(self.last_valid, nan=0.0)
+        if self.count == 0:
+            self.data[:] = row[:, None, :]  # pad the window with the first frame
+        else:
+            self.data[:, :-1] = self.data[:, 1:]
+            self.data[:, -1] = row
         self.count += 1
 
     @property
@@ -65,9 +73,9 @@ class CausalWindow:
         return self.count >= self.L
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        for k in self.keys:
-            self._tensors[k].copy_(torch.from_numpy(self.buf[k])[None])
-        return self._tensors
+        if self._tensor is not self._shared:
+            self._tensor.copy_(self._shared, non_blocking=True)
+        return self._views
 
 
 class LiveLoop:

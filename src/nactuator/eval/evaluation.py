@@ -21,10 +21,12 @@ import torch
 from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
     EvalDataError,
+    filter_temperature,
     is_no_contact,
     load_episodes,
     load_with_sources,
     split_paths,
+    temperature_window,
 )
 from nactuator.eval.plots import plot_force, plot_joints
 from nactuator.eval.protocol import rollout, score_episode
@@ -64,8 +66,8 @@ def _json_safe(x):
     return x
 
 
-def _linear_reference(data, platform) -> tuple[LinearForceReference | None, dict]:
-    train = load_episodes(data, platform, "train")
+def _linear_reference(data, platform, window: int) -> tuple[LinearForceReference | None, dict]:
+    train = [filter_temperature(ep, window) for ep in load_episodes(data, platform, "train")]
     if not train:
         return None, {"unavailable": "the dataset has no train split to fit it on"}
     try:
@@ -99,12 +101,15 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     if actuator.n_motors != platform.n:
         raise EvalDataError(f"{ckpt}: the model drives {actuator.n_motors} motors but platform "
                             f"{platform.name!r} has {platform.n}")
-    sources = load_with_sources(data, platform, split)
+    # The model sees temperature exactly as in training (the DataModule's running median).
+    window = temperature_window(meta)
+    sources = [(path, filter_temperature(ep, window))
+               for path, ep in load_with_sources(data, platform, split)]
     episodes = [ep for _, ep in sources]
     if not episodes:
         where = ", ".join(str(p) for p in split_paths(data))
         raise EvalDataError(f"{where}: no episodes in split {split!r}")
-    linear, linear_info = _linear_reference(data, platform)
+    linear, linear_info = _linear_reference(data, platform, window)
 
     scales, units = M.channel_scales([c.kind for c in platform.channels])
     sim = Simulator(platform, device=device)
@@ -156,6 +161,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
         "arm_indices": platform.arm_indices,
         "references": {"command_following": {"definition": "q[i+1] predicted as q_cmd[i]"},
                        "linear_regression": linear_info},
+        "temperature_median": window,
         "notes": notes,
         "aggregate": aggregate,
         "per_episode": per_episode,

@@ -23,10 +23,12 @@ from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
     EvalDataError,
     check_inputs,
+    filter_temperature,
     force_labels,
     is_no_contact,
     load_episodes,
     split_paths,
+    temperature_window,
 )
 from nactuator.models import load_actuator
 from nactuator.platforms import load_platform
@@ -114,6 +116,9 @@ def infer(ckpt: str | os.PathLike, data, split: str | None = None,
     if not episodes:
         where = ", ".join(str(p) for p in split_paths(data))
         raise EvalDataError(f"{where}: no episodes in split {split!r}")
+    # Temperature as in training, but through a trailing median: nothing from the future.
+    window = temperature_window(meta)
+    episodes = [filter_temperature(ep, window, causal=True) for ep in episodes]
     t1 = time.perf_counter()
     preds = predict_episodes(actuator, episodes)
     model_s = time.perf_counter() - t1

@@ -100,6 +100,8 @@ def markdown_report(result: Mapping) -> str:
         "frame i (the window's current frame, as in training); MAE @W = mean over the first "
         "W steps; mean over each task's episodes, then over tasks.",
         "- force: mean over the 3 axes and time, unlabelled → 0 N (the reference convention).",
+        f"- temperature through the training's running median of "
+        f"{result.get('temperature_median', 1)} frame(s) (1 = raw), for model and reference.",
     ]
     lin = result["references"]["linear_regression"]
     if "unavailable" in lin:

@@ -53,8 +53,9 @@ class LossReport(L.Callback):
         s = self.summary()
         if s and trainer.is_global_zero:
             print(
-                f"[nactuator] {self.key}: start {s['start']:.4g} -> end {s['end']:.4g} "
-                f"({s['ratio']:.1f}x lower) over {s['steps']} steps in {s['seconds']:.0f} s",
+                f"[nactuator] {self.key} (mean of the first/last {self.window} steps): "
+                f"start {s['start']:.4g} -> end {s['end']:.4g} ({s['ratio']:.1f}x lower) "
+                f"over {s['steps']} steps in {s['seconds']:.0f} s",
                 flush=True,
             )
 
