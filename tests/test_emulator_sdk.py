@@ -235,3 +235,45 @@ def test_lerobot_dynamixel_bus_handshake_and_reads(dxl_emu) -> None:
         assert bus.read("Goal_Position", "joint4", normalize=False) == 2500
     finally:
         bus.disconnect()
+
+
+@pytest.mark.slow
+def test_broadcast_ping_finds_every_servo(dxl_port, sts_emu) -> None:
+    """Broadcast ping waits out its full window (~0.8 s), hence slow."""
+    port, ph = dxl_port
+    found, comm = ph.broadcastPing(port)
+    assert comm == dxl.COMM_SUCCESS
+    assert {i: v[0] for i, v in found.items()} == dict.fromkeys([11, 12, 13, 14, 15], 1020)
+    from lerobot.motors import Motor, MotorNormMode
+    from lerobot.motors.feetech import FeetechMotorsBus
+
+    bus = FeetechMotorsBus(sts_emu.port, {"m": Motor(1, "sts3215", MotorNormMode.DEGREES)})
+    connect_lerobot(bus)
+    try:
+        assert bus.broadcast_ping() == dict.fromkeys(range(1, 7), 777)
+    finally:
+        bus.disconnect(disable_torque=False)
+
+
+def test_cli_emulator_prints_its_port_links_it_and_exits(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    link = tmp_path / "leader"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nactuator.cli", "emulate", "--bus", "feetech", "--platform",
+         "so101", "--leader", "--link", str(link), "--duration", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "so101 leader on feetech bus" in line and str(link) in line
+        port = scs_sdk.PortHandler(str(link))
+        assert port.openPort() and port.setBaudRate(1_000_000)
+        no_spin(port)
+        model, comm, _ = scs_sdk.PacketHandler(0).ping(port, 6)
+        port.closePort()
+        assert (model, comm) == (777, scs_sdk.COMM_SUCCESS)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    assert not link.exists()  # the symlink goes away with the emulator

@@ -96,9 +96,9 @@ def test_absent_servo_is_skipped_then_reprobed() -> None:
         for _ in range(b.dead_after):
             b.read()
         assert b.absent_ids == [11]
-        t0 = time.perf_counter()
+        timeouts = b.counters["timeouts"]
         f = b.read()
-        assert time.perf_counter() - t0 < 0.010  # no timeout spent on the absent servo
+        assert b.counters["timeouts"] == timeouts  # the absent servo is not waited for
         assert not f.valid[0] and f.valid[1:].all()
         emu.set_dead(11, False)
         time.sleep(b.reprobe_s)
@@ -111,7 +111,6 @@ def test_hardware_alert_is_explained_and_torque_state_follows() -> None:
         b.set_torque(True)
         emu.set_alert(13)
         f = b.read()
-        f = b.read()  # the emulator latched the error at its next register refresh
         assert "register 70" in f.errors[13] and "overload" in f.errors[13]
         assert f.torque[2] == 0.0 and f.torque[[0, 1, 3, 4]].tolist() == [1.0] * 4
         with pytest.raises(HardwareAlert, match=r"servo 13 \(joint3\).*overload"):

@@ -19,7 +19,7 @@ import torch
 from nactuator.data import DatasetWriter
 from nactuator.data.datamodule import NADDataModule
 from nactuator.platforms import load_platform
-from nactuator.sim.simulator import Simulator
+from nactuator.sim import Simulator
 from nactuator.training.losses import LossWeights
 from nactuator.training.module import NeuralActuatorModule
 from nactuator.training.rollout import Rollout
@@ -310,6 +310,28 @@ def test_curriculum_drives_the_datamodule_and_validation_is_fixed(so101_data, tm
     assert record.train == [(0, 2), (1, 3), (2, 3)]
     assert record.val == [5, 5, 5]
     assert dm.horizon == 3  # the training horizon is back after each validation
+
+
+def test_resume_continues_the_curriculum(so101_data, tmp_path):
+    """A checkpoint written at epoch 0's validation end (the DataModule state then holds
+    the training or validation horizon, 2 or 5) resumes epoch 1 at its stage's horizon 3."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    schedule = {0: 2, 1: 3}
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/loss", save_last=True,
+                            save_on_train_epoch_end=False)
+    trainer = make_trainer(tmp_path, max_epochs=1, max_steps=-1, enable_checkpointing=True,
+                           limit_val_batches=1, callbacks=[saver])
+    trainer.fit(make_module(horizon_schedule=schedule, val_horizon=5),
+                datamodule=make_dm(so101_data, horizon=4, samples_per_epoch=4))
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    assert next(v for k, v in saved.items() if "NADDataModule" in k)["horizon"] in (2, 5)
+    record = RecordHorizons()
+    trainer = make_trainer(tmp_path, max_epochs=2, max_steps=-1, callbacks=[record])
+    trainer.fit(make_module(horizon_schedule=schedule, val_horizon=5),
+                datamodule=make_dm(so101_data, horizon=4, samples_per_epoch=4),
+                ckpt_path=tmp_path / "ckpt" / "last.ckpt")
+    assert record.train == [(1, 3)]
 
 
 # ------------------------------------------------------------- checkpoints, resume

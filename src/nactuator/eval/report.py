@@ -136,9 +136,11 @@ def markdown_report(result: Mapping) -> str:
 
     lines += ["", "## No contact", ""]
     fc = mean["false_contact"]
-    rows = [["frames with no contact (labelled ≤ 0.01 N, or a no-contact run)",
-             str(fc["frames"]), _pct(fc["false_contact_rate"]), _num(fc["mean_force_norm"], 3),
-             "—"]]
+    rows = []
+    if fc["frames"]:
+        rows.append(["frames with no contact (labelled ≤ 0.01 N, or a no-contact run)",
+                     str(fc["frames"]), _pct(fc["false_contact_rate"]),
+                     _num(fc["mean_force_norm"], 3), "—"])
     un = mean.get("unlabelled_frames")
     if un and un["frames"]:
         rows.append(["unlabelled frames of labelled runs (0 N by convention)",
@@ -150,8 +152,11 @@ def markdown_report(result: Mapping) -> str:
         rows.append(["no-contact runs (whole episode)", str(nc["model"]["frames"]),
                      _pct(nc["model"]["false_contact_rate"]),
                      _num(nc["model"]["mean_force_norm"], 3), _num(lin_norm, 3)])
-    lines += _table(["frames", "n", "false-contact rate (gate > 0.5)", "model mean \\|f̂\\| (N)",
-                     "linear mean \\|f̂\\| (N)"], rows)
+    if rows:
+        lines += _table(["frames", "n", "false-contact rate (gate > 0.5)",
+                         "model mean \\|f̂\\| (N)", "linear mean \\|f̂\\| (N)"], rows)
+    else:
+        lines.append("No frame of this split is known to be free of contact.")
 
     lines += ["", "## Per task (full trajectory)", ""]
     rows = []

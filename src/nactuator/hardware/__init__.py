@@ -1,1 +1,11 @@
-"""nactuator.hardware"""
+"""nactuator.hardware: servo buses, emulated arms and the teleoperation recorder.
+
+- :mod:`.bus` — ``open_bus(platform, port)`` -> a :class:`~.bus.TelemetryBus` giving one
+  SI :class:`~.bus.TelemetryFrame` per cycle (LeRobot buses + one vendor-SDK group read).
+- :mod:`.emulator` — ``Emulator(bus, platform)``: a virtual arm on a pty, driven by the
+  hidden world (or a scripted leader), with fault injection; ``nactuator emulate``.
+- :mod:`.recorder` — ``record(...)``: leader -> follower recording into NAD shards.
+
+Submodules are imported on use: importing LeRobot's buses pulls in torch.
+See docs/hardware.md.
+"""

@@ -1,14 +1,14 @@
 """``nactuator sim-check``: is the simulator's gradient right, and does it agree with MuJoCo?
 
-Four figures, each with the gate the tests use:
+Three checks, each with the gate the tests use:
 
 - directional central finite differences of a 64-step rollout loss along random directions
   in torque space and in initial-state space: analytic / FD in [0.99, 1.01];
-- the same check with the stock (unpatched) solver on a low-armature variant of the arm,
-  where the shared scratch-buffer bug is visible (physics.md §3): it must be wrong by more
-  than 1 % while the patched solver stays right;
-- MuJoCo parity over 2 s of smooth efforts at the same dt: max joint deviation within 2x of
-  MuJoCo's own Euler-vs-RK4 gap on that trajectory (physics.md §7).
+- the same kind of check with the stock (unpatched) solver on :func:`stale_factor_variant`
+  of the arm, where the shared scratch-buffer bug is visible (physics.md §3): it must be
+  wrong by more than 1 % while the patched solver stays right;
+- MuJoCo parity over 2 s of smooth efforts at the same dt: max joint deviation from MuJoCo
+  Euler within 2x of MuJoCo's own Euler-vs-RK4 gap on that trajectory (physics.md §7).
 
 Trajectories come from a PD + gravity-compensation tracker run in the simulator itself, so
 they are smooth, stay well inside the joint limits (limits are penalty springs whose kinks
@@ -79,7 +79,7 @@ def tracking_torques(sim: Simulator, q0: torch.Tensor, qd0: torch.Tensor, steps:
     reference = q0 + amp * (torch.sin(2 * math.pi * freq * t + phase) - torch.sin(phase))
     noise_freq = (0.5 + 1.5 * torch.rand(batch, n, generator=gen)).to(sim.device)
     noise_phase = (2 * math.pi * torch.rand(batch, n, generator=gen)).to(sim.device)
-    noise = 0.02 * sim._effort_max * torch.sin(2 * math.pi * noise_freq * t + noise_phase)
+    noise = 0.02 * sim.effort_max * torch.sin(2 * math.pi * noise_freq * t + noise_phase)
     with torch.no_grad():
         inertia = sim.kinematics.joint_inertia(q0.double()).float()
         kp, kd = inertia * _TRACK_OMEGA**2, 2.0 * inertia * _TRACK_OMEGA
@@ -88,7 +88,7 @@ def tracking_torques(sim: Simulator, q0: torch.Tensor, qd0: torch.Tensor, steps:
             tau = sim.gravity_torque(q) + kp * (reference[k] - q) - kd * qd + noise[k]
             # 90 % of the bounds: a recorded effort sitting exactly on the simulator's clip
             # would make the rollout one-sidedly non-differentiable there.
-            tau = torch.clamp(tau, 0.9 * sim._effort_min, 0.9 * sim._effort_max)
+            tau = torch.clamp(tau, 0.9 * sim.effort_min, 0.9 * sim.effort_max)
             taus.append(tau)
             q, qd = sim.step(q, qd, tau)
     return torch.stack(taus, 1)
@@ -132,7 +132,7 @@ def _directions(sim: Simulator, taus: torch.Tensor, seed: int):
     gen = torch.Generator().manual_seed(seed + 2)
     lo, hi = _bounds(sim.platform)
     span = (hi - lo).to(sim.device)
-    effort_scale = 0.05 * sim._effort_max
+    effort_scale = 0.05 * sim.effort_max
     d_tau = torch.randn(taus.shape, generator=gen).to(sim.device) * effort_scale
     d_tau = d_tau / d_tau.norm() * effort_scale.norm()
     shape = (taus.shape[0], taus.shape[2])
@@ -166,7 +166,7 @@ def closed_loop_fd(sim: Simulator, batch: int = 2, steps: int = 32, seed: int = 
     q0, qd0 = (x.to(sim.device) for x in start_states(platform, batch, seed))
     lo, hi = _bounds(platform)
     centre, span = ((lo + hi) / 2).to(sim.device), (hi - lo).to(sim.device)
-    scale = 0.05 * sim._effort_max
+    scale = 0.05 * sim.effort_max
     weights = _loss_weights(platform, (batch, steps, platform.n), seed, sim.device)
     params = list(net.parameters())
     flat = torch.nn.utils.parameters_to_vector(params).detach()

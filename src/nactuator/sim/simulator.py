@@ -148,8 +148,9 @@ class Simulator:
         self.stability = check_stability(platform, kinematics, self.settings)
         self.kinematics = kinematics.to(self.device)
         as_tensor = lambda v: torch.tensor(v, dtype=torch.float32, device=self.device)  # noqa: E731
-        self._effort_min = as_tensor(platform.effort_min)
-        self._effort_max = as_tensor(platform.effort_max)
+        # Effort bounds (n,) on `device`, in N*m or N per channel: what `step` clips to.
+        self.effort_min = as_tensor(platform.effort_min)
+        self.effort_max = as_tensor(platform.effort_max)
         self._velocity_limit = float(platform.velocity_limit)
 
     @property
@@ -206,7 +207,7 @@ class Simulator:
         self._check("q", q, (batch, n), what)
         self._check("qd", qd, (batch, n), what)
         self._check("tau", tau, (batch, n), what)
-        effort = torch.clamp(tau, self._effort_min, self._effort_max)
+        effort = torch.clamp(tau, self.effort_min, self.effort_max)
         if f_ext is not None:
             self._check("f_ext", f_ext, (batch, 3), f"(B, 3) = ({batch}, 3)")
             effort = effort + torch.einsum("bkn,bk->bn", self.kinematics.ee_jacobian(q), f_ext)

@@ -258,7 +258,7 @@ class NeuralActuatorModule(L.LightningModule):
     @property
     def simulator(self) -> Any:
         """The platform's simulator on the module's device (rebuilt if the device moves)."""
-        from nactuator.sim.simulator import Simulator
+        from nactuator.sim import Simulator
 
         device = self.hparams.sim_device or str(self.device)
         if self._simulator is None or self._simulator_device != device:
@@ -375,7 +375,14 @@ class NeuralActuatorModule(L.LightningModule):
             self.ema.update(self.actuator)
         self._ema_step = step
 
+    def on_train_epoch_start(self) -> None:
+        # Normally already set by the previous epoch's end; this corrects a run resumed
+        # from a checkpoint (whose DataModule state holds the horizon at save time). The
+        # DataModule draws each batch at the current horizon, so this still takes effect.
+        self.apply_horizon(self.trainer.current_epoch)
+
     def on_train_epoch_end(self) -> None:
+        # Set before the next epoch's loader is rebuilt, so its length is right too.
         self.apply_horizon(self.trainer.current_epoch + 1)
 
     def configure_optimizers(self) -> dict:
@@ -511,12 +518,6 @@ class NeuralActuatorModule(L.LightningModule):
             ema = bundle["ema_state_dict"]
             self.ema.load_state_dict({"decay": self.ema.decay, "num_updates": 0,
                                       "shadow": {k: ema[k] for k in self.ema.shadow}})
-        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {})
-        resumed_epoch = progress.get("current", {}).get("processed")
-        if resumed_epoch is not None and self._trainer is not None:
-            # The restored epoch is only known after the train loader has been built, so
-            # pick the curriculum stage of the epoch the run resumes in now.
-            self.apply_horizon(int(resumed_epoch))
 
 
 def _plain(value: Any) -> Any:

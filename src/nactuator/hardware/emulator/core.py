@@ -159,8 +159,10 @@ class Emulator:
             (self.faults.dead_ids.add if dead else self.faults.dead_ids.discard)(servo_id)
 
     def set_alert(self, servo_id: int, alert: bool = True) -> None:
+        """Latch (or stop re-latching) an overload hardware error on a servo, at once."""
         with self._lock:
             (self.faults.alert_ids.add if alert else self.faults.alert_ids.discard)(servo_id)
+            self._sync_registers()
 
     # --- the loop -------------------------------------------------------------------
     # The arm model advances in its own steps, at most every STEP_INTERVAL of wall time
