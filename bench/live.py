@@ -63,12 +63,12 @@ def baseline_read_ms(bus_obj, cycles: int) -> np.ndarray:
     if bus_obj.platform.hardware["bus"] == "dynamixel":
         import dynamixel_sdk as sdk
 
-        group = sdk.GroupSyncRead(bus_obj._port, bus_obj._ph, 124, 23)
+        group = sdk.GroupSyncRead(bus_obj.sdk_port, bus_obj.sdk_packet_handler, 124, 23)
         run = group.fastSyncRead
     else:
         import scservo_sdk as sdk
 
-        group = sdk.GroupSyncRead(bus_obj._port, bus_obj._ph, 56, 15)
+        group = sdk.GroupSyncRead(bus_obj.sdk_port, bus_obj.sdk_packet_handler, 56, 15)
         run = group.txRxPacket
     for i in bus_obj.ids:
         group.addParam(i)

@@ -153,3 +153,26 @@ def test_open_bus_rejects_an_unknown_bus() -> None:
     p = dataclasses.replace(load_platform("omx"), hardware={"bus": "can", "ids": [1]})
     with pytest.raises(BusError, match="hardware.bus must be 'dynamixel' or 'feetech'"):
         open_bus(p, "/dev/null")
+
+
+def test_lerobot_calibration_file_sets_zero_and_direction(tmp_path) -> None:
+    import json
+
+    from nactuator.hardware import units
+
+    p = load_platform("so101")
+    cal = {n: {"id": k + 1, "drive_mode": int(n == "wrist_flex"), "homing_offset": 0,
+               "range_min": 1000, "range_max": 3000} for k, n in enumerate(p.channel_names)}
+    path = tmp_path / "follower.json"
+    path.write_text(json.dumps(cal))
+    q = np.array([0.4, -0.3, 0.2, -0.1, 0.05, 0.8])
+    with Emulator("feetech", p, arm=_hold(ReferenceArm(p), q)) as emu, \
+            open_bus(p, emu.port, calibration=path) as b:
+        f = b.wait_ready()
+    raw = np.array([units.sts3215_units().raw_position(x) for x in q])
+    expected = (raw - 2000) * 2 * np.pi / 4095 * np.where(np.arange(6) == 3, -1, 1)
+    np.testing.assert_allclose(f.q, expected, atol=1e-9)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"shoulder_pan": {"id": 1}}))
+    with pytest.raises(BusError, match="motor 'shoulder_pan' needs the fields"):
+        open_bus(p, "/dev/null", calibration=bad)

@@ -55,7 +55,6 @@ def test_live_streams_forces_from_an_emulated_arm(tmp_path) -> None:
     assert np.isfinite(force).all()
     gate = np.array([float(r["gate"]) for r in rows])
     assert ((gate >= 0) & (gate <= 1)).all()
-    # f = gate * f_raw: an untrained model still obeys the head's structure
     cond = np.array([[float(r[f"condition_{c}"]) for c in load_platform("omx").channel_names]
                      for r in rows])
     assert ((cond >= 0) & (cond <= 1)).all()

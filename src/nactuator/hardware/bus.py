@@ -207,7 +207,7 @@ class TelemetryBus(abc.ABC):
         makes each ``read(k)`` return as soon as k bytes are there, or after 2 ms; the
         SDK's own packet timeout still decides when to give up.
         """
-        ser = getattr(getattr(self, "_port", None), "ser", None)  # the SDK's PortHandler
+        ser = getattr(self.sdk_port, "ser", None)
         if ser is not None:
             ser.timeout = self.READ_BLOCK_S
 
@@ -319,6 +319,15 @@ class TelemetryBus(abc.ABC):
 
     def _name(self, sid: int) -> str:
         return self.names[self.ids.index(sid)]
+
+    @property
+    def sdk_port(self):
+        """The vendor SDK's PortHandler (for tools that need raw SDK access, e.g. benches)."""
+        return self._port
+
+    @property
+    def sdk_packet_handler(self):
+        return self._ph
 
     @property
     def absent_ids(self) -> list[int]:

@@ -61,7 +61,9 @@ class DynamixelTelemetryBus(TelemetryBus):
         hw = platform.hardware
         self.model = str(hw.get("servo", "xm430_w350")).replace("_", "-")
         self.model_number = int(hw.get("model_number", 1020))
-        self.units = [units.xm430_units(c.kind == "prismatic") for c in platform.channels]
+        m_per_pulse = float(hw.get("gripper_m_per_pulse", units.OMX_GRIPPER_M_PER_PULSE))
+        self.units = [units.xm430_units(c.kind == "prismatic", m_per_pulse)
+                      for c in platform.channels]
         self.effort_signal = platform.effort_signal
         self.use_fast = bool(hw.get("fast_sync_read", True))
         self.lo = np.array([c.limit_lower for c in platform.channels])

@@ -25,7 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from nactuator.data.format import DatasetWriter
-from nactuator.hardware.bus import TelemetryBus, TelemetryFrame, open_bus
+from nactuator.hardware.bus import BusError, TelemetryBus, TelemetryFrame, open_bus
 from nactuator.hardware.timing import sleep_until
 from nactuator.platforms import Platform, load_platform
 
@@ -178,8 +178,9 @@ def record(platform: str | Platform, leader: str, follower: str, task: str,
             open_bus(p, follower, follower_calibration) as foll_bus:
         first = lead_bus.wait_ready()
         if not first.valid.all():
-            bad = [lead_bus.ids[k] for k in np.flatnonzero(~first.valid)]
-            raise RuntimeError(f"leader on {leader}: no telemetry from servo(s) {bad}")
+            bad = [f"{lead_bus.ids[k]} ({lead_bus.names[k]})" for k in np.flatnonzero(~first.valid)]
+            raise BusError(f"leader on {leader}: no telemetry from servo(s) {', '.join(bad)} "
+                           "within 1 s: check its cable and power; nothing was recorded")
         foll_bus.write_goal(foll_bus.wait_ready().q)  # hold where it is, then torque on
         foll_bus.set_torque(True)
         _ramp_to(foll_bus, first.q, ramp_s, fps, settle_s, tolerance)

@@ -57,10 +57,11 @@ class MotorUnits:
         return int(round(self.sign * si / self.vel_scale))
 
 
-def xm430_units(prismatic: bool) -> MotorUnits:
+def xm430_units(prismatic: bool, m_per_pulse: float = OMX_GRIPPER_M_PER_PULSE) -> MotorUnits:
+    """``m_per_pulse``: finger travel per encoder count of a prismatic (gripper) channel."""
     if prismatic:
-        m_per_rad = OMX_GRIPPER_M_PER_PULSE / XM430_RAD_PER_PULSE
-        return MotorUnits(OMX_GRIPPER_M_PER_PULSE, XM430_CENTER, XM430_RAD_S_PER_UNIT * m_per_rad)
+        m_per_rad = m_per_pulse / XM430_RAD_PER_PULSE
+        return MotorUnits(m_per_pulse, XM430_CENTER, XM430_RAD_S_PER_UNIT * m_per_rad)
     return MotorUnits(XM430_RAD_PER_PULSE, XM430_CENTER, XM430_RAD_S_PER_UNIT)
 
 
@@ -70,10 +71,11 @@ def sts3215_units(range_min: int | None = None, range_max: int | None = None,
     return MotorUnits(STS_RAD_PER_STEP, center, STS_RAD_S_PER_STEP_S, -1 if drive_mode else 1)
 
 
-def motor_units(bus: str, prismatic: bool, calibration: dict | None = None) -> MotorUnits:
+def motor_units(bus: str, prismatic: bool, calibration: dict | None = None,
+                m_per_pulse: float = OMX_GRIPPER_M_PER_PULSE) -> MotorUnits:
     """Units for one motor. ``calibration`` is one LeRobot calibration entry (Feetech only)."""
     if bus == "dynamixel":
-        return xm430_units(prismatic)
+        return xm430_units(prismatic, m_per_pulse)
     if bus == "feetech":
         if prismatic:
             raise ValueError("a Feetech STS3215 channel must be revolute (rad)")

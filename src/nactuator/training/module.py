@@ -375,10 +375,13 @@ class NeuralActuatorModule(L.LightningModule):
             self.ema.update(self.actuator)
         self._ema_step = step
 
+    def on_train_start(self) -> None:
+        # A resumed run gets the DataModule state of the checkpoint, whose horizon is the
+        # one at save time (the validation horizon if saved during validation). Batches
+        # are drawn at the DataModule's current horizon, so setting it here still counts.
+        self.apply_horizon(self.trainer.current_epoch)
+
     def on_train_epoch_start(self) -> None:
-        # Normally already set by the previous epoch's end; this corrects a run resumed
-        # from a checkpoint (whose DataModule state holds the horizon at save time). The
-        # DataModule draws each batch at the current horizon, so this still takes effect.
         self.apply_horizon(self.trainer.current_epoch)
 
     def on_train_epoch_end(self) -> None:

@@ -83,7 +83,9 @@ class Emulator:
         if isinstance(arm, str):
             arm = make_arm(arm, self.platform, seed, supply)
         self.arm: ArmModel = arm
-        self.units = [units.motor_units(bus, c.kind == "prismatic") for c in self.platform.channels]
+        m_per_pulse = float(hw.get("gripper_m_per_pulse", units.OMX_GRIPPER_M_PER_PULSE))
+        self.units = [units.motor_units(bus, c.kind == "prismatic", None, m_per_pulse)
+                      for c in self.platform.channels]
         self.tables = {sid: ControlTable(self.spec, sid) for sid in self.ids}
         for t in self.tables.values():
             t.set("Return_Delay_Time", int(emu_conf.get("return_delay_time", 0)))
