@@ -141,3 +141,19 @@ def test_ddp_two_nodes_on_loopback(data, tmp_path):
         assert p.returncode == 0, text[-3000:]
     assert "GLOBAL_RANK: 1" in outputs[1] and "MEMBER: 2/2" in outputs[1]
     assert len(list((tmp_path / "node0").rglob("last.ckpt"))) == 1
+
+
+def test_default_dataset_is_generated_once_and_cached(tmp_path, monkeypatch):
+    from nactuator.data import read_dataset
+    from nactuator.training.cli import default_dataset
+
+    monkeypatch.setenv("NACTUATOR_CACHE", str(tmp_path))
+    first = default_dataset("pendulum")
+    assert first.parent == tmp_path / "datasets" and first.name.startswith("pendulum-default-")
+    ds = read_dataset(first)
+    assert ds.platform == "pendulum"
+    assert {e.split for e in ds.episodes} == {"train", "validation", "test"}
+    stamp = (first / "meta" / "info.json").stat().st_mtime_ns
+    assert default_dataset("pendulum") == first  # reused, not regenerated
+    assert (first / "meta" / "info.json").stat().st_mtime_ns == stamp
+    assert not [p for p in (tmp_path / "datasets").iterdir() if p.name.startswith(".")]

@@ -16,6 +16,7 @@ the platform's training defaults (conf/train/<platform>.yaml, if present) and, w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -159,8 +160,9 @@ def default_dataset(platform: str) -> Path:
     """The platform's small synthetic training set, generated on first use and cached.
 
     Its configuration (seed, tasks, trajectory count and length) is in
-    ``conf/train/default_data.yaml``. Generation goes to a temporary folder that is moved
-    into place only when complete, so an interrupted run never leaves half a dataset.
+    ``conf/train/default_data.yaml``; the world is ``conf/world/<platform>.yaml``.
+    Generation goes to a temporary folder that is moved into place only when complete, so
+    an interrupted run never leaves half a dataset.
     """
     spec_file = conf_dir() / "train" / "default_data.yaml"
     specs = yaml.safe_load(spec_file.read_text()) or {}
@@ -170,7 +172,12 @@ def default_dataset(platform: str) -> Path:
             f"(have {sorted(specs)}); pass --data PATH"
         )
     spec = dict(specs[platform])
-    out = cache_dir() / "datasets" / f"{platform}-default"
+    # The folder name carries a digest of everything the data depends on, so editing the
+    # spec or the platform's world file regenerates instead of reusing stale data.
+    world_file = conf_dir() / "world" / f"{platform}.yaml"
+    world_text = world_file.read_text() if world_file.is_file() else ""
+    digest = hashlib.sha1((json.dumps(spec, sort_keys=True) + world_text).encode()).hexdigest()
+    out = cache_dir() / "datasets" / f"{platform}-default-{digest[:8]}"
     if (out / "meta" / "info.json").is_file():
         return out
     from nactuator.data.synth import synthesize
