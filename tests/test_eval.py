@@ -78,6 +78,7 @@ def test_evaluate_writes_metrics_tables_and_plots(tiny):
 
     m = json.loads((out / "metrics.json").read_text())
     assert m["platform"] == PLATFORM and m["episodes"] == 2 and m["steps"] == 119 + 59
+    assert m["temperature_median"] == 1  # a bare bundle has no training config: raw values
     mean = m["aggregate"]["all"]["mean"]
     # @10 exists for both, @100 only for the 120-frame episode; longer ones are skipped.
     assert set(mean["joints"]["model"]) == {"@10", "@100", "full"}
@@ -111,6 +112,8 @@ def test_rollout_starts_at_recorded_q0_and_follows_the_simulator(tiny):
     assert np.abs(alone.q - ro[1].q).max() < 1e-5
     assert np.abs(alone.force - ro[1].force).max() < 1e-5
     assert actuator.training  # the fixture's module is left in the mode it was given
+    again = rollout(actuator, sim, episodes[1:], history=actuator.history - 1)[0]
+    assert np.array_equal(again.q, alone.q)  # an evaluation repeats bit for bit
 
 
 def test_wrong_platform_is_a_clear_error(tiny):

@@ -31,9 +31,12 @@ def test_causal_window_pads_then_slides_and_holds_unread_motors() -> None:
     w.push({"q": np.array([1.0, 2.0])}, np.array([True, True]))
     assert not w.warm
     np.testing.assert_array_equal(w.buf["q"], [[1, 2], [1, 2], [1, 2]])
+    # frames before the first reading are flagged as padding, as in training (Contract 2)
+    assert w.tensors()["pad"].tolist() == [[True, True, False]]
     w.push({"q": np.array([3.0, np.nan])}, np.array([True, False]))  # motor 2 not read
+    assert w.tensors()["pad"].tolist() == [[True, False, False]]
     w.push({"q": np.array([5.0, 6.0])}, np.array([True, True]))
-    assert w.warm
+    assert w.warm and not w.tensors()["pad"].any()
     np.testing.assert_array_equal(w.buf["q"], [[1, 2], [3, 2], [5, 6]])
     t = w.tensors()["q"]
     assert t.shape == (1, 3, 2) and float(t[0, -1, 1]) == 6.0

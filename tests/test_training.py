@@ -165,6 +165,26 @@ def test_losses_score_frame_after_each_step(so101_data):
     assert parts["grip"].item() == 0.0
 
 
+def test_unlabelled_force_frames_teach_no_contact_unless_masked(so101_data):
+    """NAD -999 frames: by default "0 N, no contact" (so the gate learns to switch off);
+    with ``unlabelled_force_as_zero=False`` they are left out of L_force and L_gate."""
+    dm = make_dm(so101_data)
+    batch = dict(first_batch(dm))
+    batch["force"] = torch.zeros_like(batch["force"])
+    batch["force_valid"] = torch.zeros_like(batch["force_valid"])  # nothing labelled
+    B, H = batch["q"].shape[0], 6
+    r = Rollout(q=batch["q"][:, HISTORY : HISTORY + H + 1],
+                qd=batch["qd"][:, HISTORY : HISTORY + H + 1], tau=torch.zeros(B, H, 6),
+                force=torch.full((B, H, 3), 2.0), gate_logit=torch.full((B, H, 1), 3.0),
+                condition_logit=torch.full((B, H, 6), 20.0))
+    as_zero = built(make_module(), dm).compute_losses(r, batch)
+    assert as_zero["force"].item() == pytest.approx(1.5)  # Huber_1(2 N) on every frame
+    assert as_zero["gate"].item() == pytest.approx(3.0486, abs=1e-3)  # BCE(sigmoid(3), 0)
+    masked = built(make_module(loss=LossWeights(unlabelled_force_as_zero=False)), dm)
+    parts = masked.compute_losses(r, batch)
+    assert parts["force"].item() == 0.0 and parts["gate"].item() == 0.0
+
+
 # --------------------------------------------------------------------- BPTT is real
 
 

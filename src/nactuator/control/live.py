@@ -7,8 +7,8 @@ summarises. The arm is not moved: every cycle commands the goal each servo held 
 loop started, and torque is left as it was (a passive arm still gives forces from its
 telemetry; a holding arm gives the paper's setting).
 
-Window rules: before L frames exist the window is padded with the first frame (``warm`` is
-0 on those rows); a motor whose telemetry was not read this cycle keeps its last valid
+Window rules: before L frames exist the missing frames are flagged as padding (Contract
+2 `pad`, as in training; ``warm`` is 0 on those rows); a motor whose telemetry was not read this cycle keeps its last valid
 values *in the model input only* (the row says ``valid = 0``).
 """
 
@@ -50,6 +50,8 @@ class CausalWindow:
         self._tensor = shared if self.device.type == "cpu" else shared.to(self.device)
         self._shared = shared
         self._views = {k: self._tensor[i : i + 1] for i, k in enumerate(self.keys)}
+        self._pad = torch.ones(1, history, dtype=torch.bool, device=self.device)
+        self._views["pad"] = self._pad
 
     @property
     def buf(self) -> dict[str, np.ndarray]:
@@ -67,6 +69,8 @@ class CausalWindow:
             self.data[:, :-1] = self.data[:, 1:]
             self.data[:, -1] = row
         self.count += 1
+        if self.count <= self.L:  # frames not yet seen are padding, the newest are real
+            self._pad[0, self.L - self.count :] = False
 
     @property
     def warm(self) -> bool:

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
@@ -113,8 +112,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
 
     scales, units = M.channel_scales([c.kind for c in platform.channels])
     sim = Simulator(platform, device=device)
-    # One batch of every episode; seeded so a model with dropout left on still repeats.
-    torch.manual_seed(0)
+    # Every episode of the split in one batch (eval mode, no autograd: deterministic).
     rollouts = rollout(actuator, sim, episodes, history=actuator.history - 1, device=device)
 
     paths = split_paths(data)

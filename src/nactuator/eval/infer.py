@@ -39,8 +39,10 @@ BATCH_SIZE = 4096  # windows per forward pass; ~1-2 MB of input, fast on any CPU
 
 
 def causal_windows(ep: Episode, keys: Sequence[str], length: int) -> dict[str, torch.Tensor]:
-    """(T, L, n) window per frame of ``ep``: frames t-L+1..t, zeros before frame 0."""
-    windows = {}
+    """(T, L, n) window per frame of ``ep``: frames t-L+1..t, zeros before frame 0, which
+    ``pad`` (T, L) flags as training does (Contract 2)."""
+    frame = torch.arange(ep.length).unsqueeze(1) - (length - 1) + torch.arange(length)
+    windows = {"pad": frame < 0}
     for key in keys:
         arr = np.nan_to_num(np.asarray(ep.frames[key], dtype=np.float32), nan=0.0)
         padded = torch.from_numpy(
@@ -70,7 +72,7 @@ def _predict(actuator, episodes: Sequence[Episode],
     keys = list(actuator.inputs)
     check_inputs(episodes, keys)
     per_ep = [causal_windows(ep, keys, actuator.history) for ep in episodes]
-    stacked = {k: torch.cat([w[k] for w in per_ep]) for k in keys}
+    stacked = {k: torch.cat([w[k] for w in per_ep]) for k in [*keys, "pad"]}
     total = stacked[keys[0]].shape[0]
     device = next(actuator.parameters()).device
     outs = {"force": [], "gate": [], "condition": []}

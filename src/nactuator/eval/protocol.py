@@ -102,10 +102,15 @@ def _rollout(actuator, sim, episodes: Sequence[Episode], history: int,
     force = torch.zeros(b, steps, 3)
     gate = torch.zeros(b, steps)
     condition = torch.zeros(b, steps, n)
+    # The zero history before frame 0 is flagged exactly as the DataModule flags it in
+    # training (Contract 2 `pad`), so the model sees the same inputs in both.
+    pad = torch.zeros(b, h + length, dtype=torch.bool, device=device)
+    pad[:, :h] = True
     for i in range(steps):
         window = {k: v[:, i:i + h + 1] for k, v in recorded.items()}
         window["q"] = q_sim[:, i:i + h + 1]
         window["qd"] = qd_sim[:, i:i + h + 1]
+        window["pad"] = pad[:, i:i + h + 1]
         out = actuator(window)
         q1, qd1 = sim.step(q_sim[:, h + i], qd_sim[:, h + i], out["tau"])
         q_sim[:, h + i + 1] = q1

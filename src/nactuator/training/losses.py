@@ -32,6 +32,8 @@ class LossWeights:
     w_vel: float = 0.0  # finite-difference velocity loss (SO-101 uses 5)
     force_beta: float = 1.0  # Huber beta for L_force (0.15 for F/T and known-weight fine-tuning)
     w_focal: float = 5.0  # per-sample weight of frames with non-zero force (3 for F/T runs)
+    # Unlabelled force frames count as 0 N (NAD's OMX convention) instead of being masked.
+    unlabelled_force_as_zero: bool = True
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():

@@ -295,6 +295,8 @@ class NeuralActuatorModule(L.LightningModule):
         now = slice(h, h + horizon)  # frames whose force/condition the windows describe
         rev, pri = self.revolute, self.prismatic
         force, force_valid = batch["force"][:, now], batch["force_valid"][:, now]
+        if w.unlabelled_force_as_zero:  # the DataModule already serves unlabelled axes as 0 N
+            force_valid = torch.ones_like(force_valid)
         parts = {
             "joint": joint_loss(r.q[:, 1:, rev], q_next[..., rev]),
             "grip": gripper_loss(r.q[:, 1:, pri], q_next[..., pri]),
