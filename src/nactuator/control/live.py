@@ -8,8 +8,9 @@ loop started, and torque is left as it was (a passive arm still gives forces fro
 telemetry; a holding arm gives the paper's setting).
 
 Window rules: before L frames exist the missing frames are flagged as padding (Contract
-2 `pad`, as in training; ``warm`` is 0 on those rows); a motor whose telemetry was not read this cycle keeps its last valid
-values *in the model input only* (the row says ``valid = 0``).
+2 `pad`, as in training; ``warm`` is 0 on those rows); a motor whose telemetry was not
+read this cycle keeps its last valid values *in the model input only* (the row says
+``valid = 0``).
 """
 
 from __future__ import annotations

@@ -30,6 +30,19 @@ from nactuator.platforms import Platform, load_platform
 
 log = logging.getLogger(__name__)
 
+COMM_SUCCESS = 0  # dynamixel_sdk and scservo_sdk share the SDK result codes
+
+
+def lerobot_calibration(calibration: dict | None, names: list[str]):
+    """A LeRobot calibration JSON ({motor: {id, drive_mode, homing_offset, range_min,
+    range_max}}) as the ``MotorCalibration`` map LeRobot's buses take, or None."""
+    if not calibration:
+        return None
+    from lerobot.motors import MotorCalibration
+
+    return {n: MotorCalibration(**{k: int(v) for k, v in calibration[n].items()})
+            for n in names if n in calibration}
+
 __all__ = [
     "BusError",
     "HardwareAlert",
@@ -336,11 +349,61 @@ class TelemetryBus(abc.ABC):
     # --- what subclasses implement ----------------------------------------------------
     telemetry_span: str = ""  # e.g. "124..146 (23 bytes)", for messages
 
-    @abc.abstractmethod
-    def _connect(self) -> None: ...
+    # Set by subclasses: the LeRobot bus, and the SDK port/packet handlers under it.
+    lerobot: object
+    _port: object
+    _ph: object
+    model: str
+    model_number: int
+    setup_hint: str = ""  # how to fix IDs/baud on this servo family, for ServoMissingError
 
-    @abc.abstractmethod
-    def _close(self) -> None: ...
+    def _connect(self) -> None:
+        self._port.baudrate = self.baudrate
+        try:
+            self.lerobot.connect(handshake=False)
+        except ConnectionError as e:
+            raise BusError(f"could not open {self.port} at {self.baudrate} baud: {e}") from e
+        self._check_servos()
+
+    def _check_servos(self) -> None:
+        """Ping every configured servo; a missing one or a wrong model number is an error."""
+        missing, wrong = [], []
+        for name, sid in zip(self.names, self.ids, strict=True):
+            found = self._ping(sid)
+            if found is None:
+                missing.append(f"{sid} ({name})")
+            elif found != self.model_number:
+                wrong.append(f"{sid} ({name}): model number {found}, expected "
+                             f"{self.model_number} ({self.model})")
+        if missing:
+            raise ServoMissingError(
+                f"no answer on {self.port} from servo id(s) {', '.join(missing)} (ping at "
+                f"{self.baudrate} baud, 3 tries): {self.setup_hint}; IDs and baud rate must "
+                f"match {self.platform.source}: hardware.ids")
+        if wrong:
+            raise WrongModelError(f"wrong servo model on {self.port}: {'; '.join(wrong)}. "
+                                  f"Is this the right arm/port for {self.platform.name!r}?")
+
+    def _ping(self, sid: int, tries: int = 3) -> int | None:
+        """Model number, or None if no answer. A servo whose status carries an error or
+        Alert bit is present (its hardware error is reported separately)."""
+        for _ in range(tries):
+            self._port.ser.reset_input_buffer()
+            try:
+                model, comm, _ = self._ph.ping(self._port, sid)
+            except IndexError:
+                # The SDK took a late reply to an earlier try (no parameters) for this
+                # one and indexed into it. Let the stragglers arrive, drop them, retry.
+                time.sleep(0.02)
+                continue
+            if comm == COMM_SUCCESS:
+                return model
+            time.sleep(0.005)
+        return None
+
+    def _close(self) -> None:
+        if self._port.is_open:
+            self._port.closePort()
 
     @abc.abstractmethod
     def _read_blocks(self, ids: list[int]) -> tuple[dict[int, bytes], dict[int, str]]:

@@ -9,20 +9,16 @@ register per sync read and cannot see the per-servo error byte. Units: ``units.p
 
 from __future__ import annotations
 
-import time
-
 import dynamixel_sdk as dxl
 import numpy as np
-from lerobot.motors import Motor, MotorCalibration, MotorNormMode
+from lerobot.motors import Motor, MotorNormMode
 from lerobot.motors.dynamixel import DynamixelMotorsBus
 
 from nactuator.hardware import units
 from nactuator.hardware.bus import (
-    BusError,
-    ServoMissingError,
     TelemetryBus,
     TelemetryFrame,
-    WrongModelError,
+    lerobot_calibration,
 )
 
 TELEMETRY_ADDR, TELEMETRY_LEN = 124, 23
@@ -70,69 +66,24 @@ class DynamixelTelemetryBus(TelemetryBus):
         self.hi = np.array([c.limit_upper for c in platform.channels])
         motors = {n: Motor(i, self.model, MotorNormMode.RANGE_M100_100)
                   for n, i in zip(self.names, self.ids, strict=True)}
-        cal = None
-        if calibration:
-            cal = {n: MotorCalibration(**{k: int(v) for k, v in calibration[n].items()})
-                   for n in self.names if n in calibration}
-        self.lerobot = DynamixelMotorsBus(port, motors, calibration=cal)
+        self.lerobot = DynamixelMotorsBus(
+            port, motors, calibration=lerobot_calibration(calibration, self.names))
         self._ph = self.lerobot.packet_handler
         self._port = self.lerobot.port_handler
         self._alerts: dict[int, str] = {}
 
+    setup_hint = ("check power (12 V), the daisy-chain cable, and the ID/baud rate "
+                  "(DYNAMIXEL Wizard can scan)")
+
     # --- lifecycle --------------------------------------------------------------------
-    def _connect(self) -> None:
-        self._port.baudrate = self.baudrate
-        try:
-            self.lerobot.connect(handshake=False)
-        except ConnectionError as e:
-            raise BusError(f"could not open {self.port} at {self.baudrate} baud: {e}") from e
-        self._check_servos()
-
     def _check_servos(self) -> None:
-        missing, wrong, firmware = [], [], {}
-        for name, sid in zip(self.names, self.ids, strict=True):
-            found = self._ping(sid)
-            if found is None:
-                missing.append(f"{sid} ({name})")
-            elif found != self.model_number:
-                wrong.append(f"{sid} ({name}): model number {found}, expected "
-                             f"{self.model_number} ({self.model})")
-            else:
-                fw, comm, _ = self._ph.read1ByteTxRx(self._port, sid, 6)
-                firmware[sid] = fw if comm == dxl.COMM_SUCCESS else 0
-        where = f"{self.platform.source}: hardware.ids"
-        if missing:
-            raise ServoMissingError(
-                f"no answer on {self.port} from servo id(s) {', '.join(missing)} (ping at "
-                f"{self.baudrate} baud, 3 tries): check power (12 V), the daisy-chain cable, "
-                f"that the ID and baud rate match {where} (DYNAMIXEL Wizard can scan)")
-        if wrong:
-            raise WrongModelError(f"wrong servo model on {self.port}: {'; '.join(wrong)}. "
-                                  f"Is this the right arm/port for {self.platform.name!r}?")
-        old = [sid for sid, fw in firmware.items() if fw < FAST_SYNC_MIN_FIRMWARE]
-        if old and self.use_fast:
+        super()._check_servos()
+        firmware = {}
+        for sid in self.ids:
+            fw, comm, _ = self._ph.read1ByteTxRx(self._port, sid, 6)
+            firmware[sid] = fw if comm == dxl.COMM_SUCCESS else 0
+        if self.use_fast and any(fw < FAST_SYNC_MIN_FIRMWARE for fw in firmware.values()):
             self.use_fast = False  # fast sync read needs firmware >= 45: plain sync read
-
-    def _ping(self, sid: int, tries: int = 3) -> int | None:
-        """Model number, or None if no answer. Unlike LeRobot's ping, a servo whose status
-        carries the Alert bit is present (its hardware error is reported separately)."""
-        for _ in range(tries):
-            self._port.ser.reset_input_buffer()
-            try:
-                model, comm, _ = self._ph.ping(self._port, sid)
-            except IndexError:
-                # The SDK took a late reply to an earlier try (no parameters) for this
-                # one and indexed into it. Let the stragglers arrive, drop them, retry.
-                time.sleep(0.02)
-                continue
-            if comm == dxl.COMM_SUCCESS:
-                return model
-            time.sleep(0.005)
-        return None
-
-    def _close(self) -> None:
-        if self._port.is_open:
-            self._port.closePort()
 
     # --- telemetry ----------------------------------------------------------------------
     def _rx(self, fast: bool) -> tuple[list[int], int]:

@@ -11,20 +11,17 @@ Units: ``units.py``.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import scservo_sdk as scs_sdk
-from lerobot.motors import Motor, MotorCalibration, MotorNormMode
+from lerobot.motors import Motor, MotorNormMode
 from lerobot.motors.feetech import FeetechMotorsBus
 
 from nactuator.hardware import units
 from nactuator.hardware.bus import (
     BusError,
-    ServoMissingError,
     TelemetryBus,
     TelemetryFrame,
-    WrongModelError,
+    lerobot_calibration,
 )
 from nactuator.hardware.protocol.scs import decode_sign_magnitude, error_text
 
@@ -64,57 +61,13 @@ class FeetechTelemetryBus(TelemetryBus):
         motors = {n: Motor(i, self.model, MotorNormMode.RANGE_0_100 if c.is_gripper
                            else MotorNormMode.RANGE_M100_100)
                   for n, i, c in zip(self.names, self.ids, platform.channels, strict=True)}
-        cal = None
-        if calibration:
-            cal = {n: MotorCalibration(**{k: int(v) for k, v in calibration[n].items()})
-                   for n in self.names if n in calibration}
-        self.lerobot = FeetechMotorsBus(port, motors, calibration=cal)
+        self.lerobot = FeetechMotorsBus(
+            port, motors, calibration=lerobot_calibration(calibration, self.names))
         self._ph = self.lerobot.packet_handler
         self._port = self.lerobot.port_handler
 
-    def _connect(self) -> None:
-        self._port.baudrate = self.baudrate
-        try:
-            self.lerobot.connect(handshake=False)
-        except ConnectionError as e:
-            raise BusError(f"could not open {self.port} at {self.baudrate} baud: {e}") from e
-        missing, wrong = [], []
-        for name, sid in zip(self.names, self.ids, strict=True):
-            found = self._ping(sid)
-            if found is None:
-                missing.append(f"{sid} ({name})")
-            elif found != self.model_number:
-                wrong.append(f"{sid} ({name}): model number {found}, expected "
-                             f"{self.model_number} ({self.model})")
-        if missing:
-            raise ServoMissingError(
-                f"no answer on {self.port} from servo id(s) {', '.join(missing)} (ping at "
-                f"{self.baudrate} baud, 3 tries): check the power supply, the daisy-chain "
-                f"cable, and that IDs/baud match {self.platform.source}: hardware.ids "
-                "(lerobot-setup-motors assigns them)")
-        if wrong:
-            raise WrongModelError(f"wrong servo model on {self.port}: {'; '.join(wrong)}. "
-                                  f"Is this the right arm/port for {self.platform.name!r}?")
-
-    def _ping(self, sid: int, tries: int = 3) -> int | None:
-        """Model number, or None if no answer (a status error bit does not mean absent)."""
-        for _ in range(tries):
-            self._port.ser.reset_input_buffer()
-            try:
-                model, comm, _ = self._ph.ping(self._port, sid)
-            except IndexError:
-                # The SDK took a late reply to an earlier try (no parameters) for this
-                # one and indexed into it. Let the stragglers arrive, drop them, retry.
-                time.sleep(0.02)
-                continue
-            if comm == scs_sdk.COMM_SUCCESS:
-                return model
-            time.sleep(0.005)
-        return None
-
-    def _close(self) -> None:
-        if self._port.is_open:
-            self._port.closePort()
+    setup_hint = ("check the power supply, the daisy-chain cable, and the ID/baud rate "
+                  "(lerobot-setup-motors assigns them)")
 
     def _read_blocks(self, ids: list[int]) -> tuple[dict[int, bytes], dict[int, str]]:
         port = self._port
