@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from nactuator import atomic
 from nactuator.platforms import Platform
 
 __all__ = [
@@ -137,17 +136,7 @@ def _width(spec: FeatureSpec, n: int) -> int:
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic.write_bytes(path, data)
 
 
 def _atomic_write_json(path: Path, obj: Any) -> None:
@@ -160,17 +149,7 @@ def _atomic_write_parquet(path: Path, table: pa.Table) -> None:
     _atomic_write_bytes(path, sink.getvalue().to_pybytes())
 
 
-def _json_safe(x: Any) -> Any:
-    """NaN/inf are not JSON; store them as null so stats.json stays strict JSON."""
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, float | np.floating):
-        return float(x) if math.isfinite(x) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    return x
+_json_safe = atomic.json_safe  # NaN/inf -> null, so stats.json stays strict JSON
 
 
 # --------------------------------------------------------------------------- statistics

@@ -7,16 +7,12 @@ score each episode, aggregate per task then over tasks, write the files.
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
+from nactuator.atomic import json_safe, write_json, write_text
 from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
     EvalDataError,
@@ -34,35 +30,12 @@ from nactuator.eval.report import markdown_report
 from nactuator.models import load_actuator
 from nactuator.platforms import load_platform
 
-__all__ = ["LINEAR_RIDGE", "MAX_PLOTTED_EPISODES", "evaluate", "write_text_atomic"]
+__all__ = ["LINEAR_RIDGE", "MAX_PLOTTED_EPISODES", "evaluate"]
 
 LINEAR_RIDGE = 1e-6  # "tiny λ": only there to keep collinear telemetry solvable
 MAX_PLOTTED_EPISODES = 12  # plots are for looking at, not for every episode of a big split
 
 
-def write_text_atomic(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _json_safe(x):
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, float | np.floating):
-        return float(x) if math.isfinite(x) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    return x
 
 
 def _linear_reference(data, platform, window: int) -> tuple[LinearForceReference | None, dict]:
@@ -166,8 +139,8 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
         "plots": [p.name for p in plots],
         "wall_time_s": time.perf_counter() - t0,
     }
-    result = _json_safe(result)
+    result = json_safe(result)  # NaN -> None: "n/a" in the table, null in the JSON
     text = markdown_report(result)
-    write_text_atomic(out / "metrics.json", json.dumps(result, indent=2, allow_nan=False) + "\n")
-    write_text_atomic(out / "metrics.md", text)
+    write_json(out / "metrics.json", result)
+    write_text(out / "metrics.md", text)
     return text

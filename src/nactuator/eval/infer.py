@@ -9,7 +9,6 @@ go through the network in large batches.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from nactuator.atomic import atomic_path
 from nactuator.data import Episode
 from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
@@ -92,15 +92,8 @@ def _predict(actuator, episodes: Sequence[Episode],
 
 
 def _write_csv(frame: pd.DataFrame, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path, suffix=".csv") as tmp:
         frame.to_csv(tmp, index=False, float_format="%.6g")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def infer(ckpt: str | os.PathLike, data, split: str | None = None,

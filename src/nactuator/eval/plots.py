@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +9,7 @@ import numpy as np
 # The object API with no pyplot: no global figure state and no display backend, ever.
 from matplotlib.figure import Figure
 
+from nactuator.atomic import atomic_path
 from nactuator.data import Episode
 from nactuator.eval.episodes import force_labels
 from nactuator.eval.protocol import FORCE_LABEL_OFFSET, Rollout
@@ -20,15 +19,8 @@ __all__ = ["plot_force", "plot_joints"]
 
 def _save(fig: Figure, path: Path) -> Path:
     """Atomic PNG write: render to a temp file beside the target, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=90)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path
 
 

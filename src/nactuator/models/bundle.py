@@ -8,7 +8,6 @@ training data or any config file: features, norm stats and every model size are 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nactuator.atomic import atomic_path
 from nactuator.models.actuator import NeuralActuator
 
 BUNDLE_FORMAT = "nactuator-actuator/1"
@@ -84,15 +84,8 @@ def save_bundle(bundle: Mapping[str, Any], path: str | os.PathLike) -> Path:
     if bundle.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"refusing to save: format tag {bundle.get('format')!r} is not "
                           f"{BUNDLE_FORMAT!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(dict(bundle), f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        torch.save(dict(bundle), tmp)
     return path
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+
+from nactuator.atomic import write_text
 
 
 class LossReport(L.Callback):
@@ -74,11 +74,7 @@ class FinalMetrics(L.Callback):
                    if getattr(v, "numel", lambda: 1)() == 1}
         metrics["global_step"] = trainer.global_step
         metrics["epoch"] = trainer.current_epoch
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(metrics, f, indent=2)
-        os.replace(tmp, self.path)
+        write_text(self.path, json.dumps(metrics, indent=2))
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._dump(trainer)

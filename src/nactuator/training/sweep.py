@@ -17,7 +17,6 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from nactuator.atomic import write_text
 from nactuator.platforms import conf_dir
 
 METHODS = ("grid", "random")
@@ -152,10 +152,7 @@ def _metric_value(metrics: dict, name: str) -> float | None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_text(path, text)
 
 
 def ranked_table(spec: dict, results: list[dict]) -> str:
