@@ -416,9 +416,14 @@ class TelemetryBus(abc.ABC):
     @abc.abstractmethod
     def _decode(self, k: int, block: bytes, frame: TelemetryFrame) -> None: ...
 
-    @abc.abstractmethod
     def write_goal(self, q: np.ndarray) -> None:
-        """Command joint targets (SI, channel order) with one sync write, no reply."""
+        """Command joint targets (SI, channel order, clipped to the joint limits) with one
+        sync write through LeRobot, no reply; servos known to be absent are skipped."""
+        q = np.clip(np.asarray(q, dtype=float), self.lo, self.hi)
+        raw = {n: self.units[k].raw_position(q[k]) for k, n in enumerate(self.names)
+               if np.isfinite(q[k]) and self.ids[k] not in self._absent}
+        if raw:
+            self.lerobot.sync_write("Goal_Position", raw, normalize=False)
 
     @abc.abstractmethod
     def _write_torque(self, sid: int, enabled: bool) -> str | None:
@@ -432,9 +437,10 @@ class TelemetryBus(abc.ABC):
     def _explain(self, sid: int, problem: str) -> str:
         """Turn a failed torque write into a message a user can act on."""
 
-    @abc.abstractmethod
     def read_goal(self) -> np.ndarray:
         """The goal position each servo currently holds (SI)."""
+        raw = self.lerobot.sync_read("Goal_Position", normalize=False, num_retry=2)
+        return np.array([self.units[k].position(raw[n]) for k, n in enumerate(self.names)])
 
 
 def open_bus(platform: str | Platform, port: str, calibration: str | Path | None = None,

@@ -180,17 +180,6 @@ class DynamixelTelemetryBus(TelemetryBus):
         f.effort[k] = f.pwm[k] if self.effort_signal == "pwm" else f.current[k]
 
     # --- commands -----------------------------------------------------------------------
-    def write_goal(self, q: np.ndarray) -> None:
-        q = np.clip(np.asarray(q, dtype=float), self.lo, self.hi)
-        raw = {n: self.units[k].raw_position(q[k]) for k, n in enumerate(self.names)
-               if np.isfinite(q[k]) and self.ids[k] not in self._absent}
-        if raw:
-            self.lerobot.sync_write("Goal_Position", raw, normalize=False)
-
-    def read_goal(self) -> np.ndarray:
-        raw = self.lerobot.sync_read("Goal_Position", normalize=False, num_retry=2)
-        return np.array([self.units[k].position(raw[n]) for k, n in enumerate(self.names)])
-
     def _write_torque(self, sid: int, enabled: bool) -> str | None:
         self._port.ser.reset_input_buffer()
         comm, err = self._ph.write1ByteTxRx(self._port, sid, TORQUE_ADDR, int(enabled))

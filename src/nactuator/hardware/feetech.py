@@ -122,17 +122,6 @@ class FeetechTelemetryBus(TelemetryBus):
         f.current[k] = (b[13] | b[14] << 8) * units.STS_A_PER_UNIT
         f.pwm[k] = np.nan  # the STS3215 has no PWM register
 
-    def write_goal(self, q: np.ndarray) -> None:
-        q = np.clip(np.asarray(q, dtype=float), self.lo, self.hi)
-        raw = {n: self.units[k].raw_position(q[k]) for k, n in enumerate(self.names)
-               if np.isfinite(q[k]) and self.ids[k] not in self._absent}
-        if raw:
-            self.lerobot.sync_write("Goal_Position", raw, normalize=False)
-
-    def read_goal(self) -> np.ndarray:
-        raw = self.lerobot.sync_read("Goal_Position", normalize=False, num_retry=2)
-        return np.array([self.units[k].position(raw[n]) for k, n in enumerate(self.names)])
-
     def _write_torque(self, sid: int, enabled: bool) -> str | None:
         # As LeRobot does: Torque_Enable, then Lock (EEPROM writes persist only unlocked).
         for addr in (TORQUE_ADDR, LOCK_ADDR):

@@ -23,6 +23,7 @@ __all__ = [
     "conf_dir",
     "list_platforms",
     "load_platform",
+    "read_yaml_mapping",
 ]
 
 _KINDS = {"revolute": "rad", "prismatic": "m"}
@@ -216,12 +217,18 @@ def load_platform(name_or_path: str | Path) -> Platform:
                 f"unknown platform {str(name_or_path)!r}: expected one of {list_platforms()} "
                 f"(files in {conf_dir() / 'platform'})"
             )
-    if not p.exists():
-        raise PlatformError(f"platform file {p} does not exist")
+    return platform_from_dict(read_yaml_mapping(p, PlatformError, "platform file"), source=str(p))
+
+
+def read_yaml_mapping(path: Path, error: type[Exception] = PlatformError,
+                      what: str = "file") -> dict:
+    """A YAML file whose top level is a mapping; anything else raises ``error`` naming it."""
+    if not path.is_file():
+        raise error(f"{what} {path} does not exist")
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise PlatformError(f"{p}: not valid YAML: {e}") from e
+        raise error(f"{path}: not valid YAML: {e}") from e
     if not isinstance(raw, dict):
-        raise PlatformError(f"{p}: expected a mapping at top level")
-    return platform_from_dict(raw, source=str(p))
+        raise error(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    return raw

@@ -22,10 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from nactuator.atomic import write_text
-from nactuator.platforms import conf_dir
+from nactuator.platforms import conf_dir, read_yaml_mapping
 
 METHODS = ("grid", "random")
 DISTRIBUTIONS = ("uniform", "int_uniform", "log_uniform_values", "q_uniform")
@@ -38,14 +36,7 @@ class SweepError(ValueError):
 
 def load_sweep(file: str | Path) -> dict[str, Any]:
     path = Path(file)
-    if not path.is_file():
-        raise SweepError(f"sweep file {path} does not exist")
-    try:
-        spec = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise SweepError(f"{path}: not valid YAML: {e}") from e
-    if not isinstance(spec, dict):
-        raise SweepError(f"{path}: expected a mapping with method/metric/parameters")
+    spec = read_yaml_mapping(path, SweepError, "sweep file")
     metric = spec.get("metric")
     if not (isinstance(metric, dict) and isinstance(metric.get("name"), str)
             and metric.get("goal") in ("minimize", "maximize")):

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from nactuator.platforms import Platform, conf_dir, load_platform
+from nactuator.platforms import Platform, conf_dir, load_platform, read_yaml_mapping
 
 __all__ = [
     "CONTROLLERS",
@@ -176,15 +175,7 @@ def default_world_path(platform: str) -> Path:
 
 
 def _read_yaml(path: Path) -> dict:
-    if not path.exists():
-        raise WorldError(f"world file {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise WorldError(f"{path}: not valid YAML: {e}") from e
-    if not isinstance(raw, dict):
-        raise WorldError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
-    return raw
+    return read_yaml_mapping(path, WorldError, "world file")
 
 
 def _deep_merge(base: dict, over: dict) -> dict:
