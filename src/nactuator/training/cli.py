@@ -209,7 +209,27 @@ def train(platform: str, data: str | None = None, extra_args: Sequence[str] = ()
         argv += ["--config", str(platform_defaults)]
     argv += ["--platform", platform, f"--data.paths={json.dumps(paths)}", *extra_args]
     print("[nactuator] nactuator " + " ".join(argv), flush=True)
-    return lightning_main(argv)
+    cli = lightning_main(argv)
+    _print_next_steps(cli, paths)
+    return cli
+
+
+def _print_next_steps(cli: Any, paths: Sequence[str]) -> None:
+    """Where the checkpoints went, and the command that evaluates the best one."""
+    best = next((c.best_model_path for c in cli.trainer.checkpoint_callbacks
+                 if c.monitor and c.best_model_path), None)
+    if best and cli.trainer.is_global_zero:
+        split = "test" if any(_has_split(p, "test") for p in paths) else "validation"
+        out = Path(best).parents[1] / "eval"
+        print(f"[nactuator] best checkpoint (by val/loss): {best}\n"
+              f"[nactuator] evaluate it: nactuator eval --ckpt {best} "
+              f"--data {','.join(paths)} --split {split} --out {out}", flush=True)
+
+
+def _has_split(path: str, split: str) -> bool:
+    from nactuator.data import read_dataset
+
+    return any(ep.split == split for ep in read_dataset(path).episodes)
 
 
 if __name__ == "__main__":
