@@ -2,7 +2,9 @@
 
 Batch-1 latency (p50/p95, ms) and batch-32/256 throughput (windows/s) on ONE CPU thread
 for: eager PyTorch (inference mode), TorchScript (traced, frozen, optimize_for_inference),
-torch.compile (inductor) and ONNX Runtime, each where it works here. The paths are timed
+torch.compile (inductor) and ONNX Runtime, each where it works here, plus two int8
+dynamic-quantization paths (ONNX Runtime via ``export(..., quantize="int8")``, and torch.ao
+on TorchScript for comparison) with their accuracy against eager. The paths are timed
 in interleaved rounds so that load from other processes hits them alike; ratios are
 against eager measured in the same run.
 
@@ -26,7 +28,7 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from nactuator.export import ExportableActuator, ort_session, to_onnx
+from nactuator.export import ExportableActuator, measure_int8_errors, ort_session, to_onnx
 from nactuator.export.formats import export_metadata
 from nactuator.models import NeuralActuator, count_parameters
 
@@ -73,15 +75,37 @@ def compile_runner(graph: ExportableActuator) -> Runner:
     return run
 
 
-def onnx_runner(graph: ExportableActuator) -> Runner:
+def onnx_runner(graph: ExportableActuator, quantize: str = "none") -> Runner:
     folder = Path(tempfile.mkdtemp(prefix="nactuator-bench-"))
     path = folder / "actuator.onnx"
-    to_onnx(graph.actuator, path, export_metadata(graph.actuator, {}))
+    to_onnx(graph.actuator, path, export_metadata(graph.actuator, {}), quantize=quantize)
     session = ort_session(path, threads=1)
     names = [i.name for i in session.get_inputs()]
 
     def run(inputs):
         return session.run(None, {n: x.numpy() for n, x in zip(names, inputs, strict=True)})
+    return run
+
+
+def onnx_int8_runner(graph: ExportableActuator) -> Runner:
+    """The deployable int8 file, exactly as ``nactuator export --quantize int8`` writes it."""
+    return onnx_runner(graph, quantize="int8")
+
+
+def torchscript_int8_runner(graph: ExportableActuator) -> Runner:
+    """torch.ao dynamic quantization of every nn.Linear (int8 weights, fbgemm/x86 kernels),
+    traced and frozen: the PyTorch-side alternative, timed for comparison only."""
+    from torch.ao.quantization import quantize_dynamic
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated in 2.13
+        quantized = quantize_dynamic(graph, {torch.nn.Linear}, dtype=torch.qint8)
+        traced = torch.jit.trace(quantized, make_inputs(graph, 2), check_trace=False)
+        module = torch.jit.freeze(traced)
+
+    def run(inputs):
+        with torch.inference_mode():
+            return module(*inputs)
     return run
 
 
@@ -108,13 +132,16 @@ def matmul_floor_runner(graph: ExportableActuator) -> Runner:
     return run
 
 
-FLOOR = "(reference) the transformer's matmuls alone"
+FLOOR = "(reference) the transformer's fp32 matmuls alone"
 PATHS: dict[str, Callable[[ExportableActuator], Runner]] = {
     "eager": eager_runner,
     "torchscript (frozen + optimize_for_inference)": torchscript_runner,
     "torch.compile (inductor)": compile_runner,
     "onnxruntime (1 thread)": onnx_runner,
+    "onnxruntime int8 dynamic (1 thread)": onnx_int8_runner,
+    "torchscript int8 (torch.ao dynamic, frozen)": torchscript_int8_runner,
 }
+INT8_PATHS = {"onnxruntime int8 dynamic (1 thread)", "torchscript int8 (torch.ao dynamic, frozen)"}
 
 
 def check_outputs(run: Runner, reference: Runner, inputs: tuple[torch.Tensor, ...]) -> float:
@@ -174,6 +201,7 @@ def main() -> None:
 
     runners: dict[str, Runner] = {}
     notes: dict[str, str] = {}
+    accuracy: dict[str, dict[str, float]] = {}
     probe = make_inputs(graph, 3)
     for name, build in PATHS.items():
         try:
@@ -186,6 +214,12 @@ def main() -> None:
             continue
         runners[name] = run
         notes[name] = f"max |out - eager| = {error:.1e}"
+        if name in INT8_PATHS:  # the export's own int8 check, on its 256-window batch
+            accuracy[name] = measure_int8_errors(lambda *xs, run=run: run(xs), graph)
+            notes[name] += ("; int8 accuracy vs eager: "
+                            + ", ".join(f"{k} {v:.2%} of RMS" if k in ("tau", "force")
+                                        else f"{k} {v:.1e} abs" for k, v in
+                                        accuracy[name].items()))
     timed = dict(runners)
     try:
         timed[FLOOR] = matmul_floor_runner(graph)
@@ -241,7 +275,8 @@ def main() -> None:
     for name, note in notes.items():
         print(f"- {name}: {note}")
     if args.json:
-        Path(args.json).write_text(json.dumps({**figures, "notes": notes}, indent=2))
+        Path(args.json).write_text(json.dumps({**figures, "notes": notes,
+                                               "int8_errors": accuracy}, indent=2))
 
 
 if __name__ == "__main__":

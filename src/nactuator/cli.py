@@ -80,7 +80,7 @@ def _infer(a: argparse.Namespace) -> int:
 def _export(a: argparse.Namespace) -> int:
     from nactuator.export import export
 
-    print(export(a.ckpt, a.out, fmt=a.format))
+    print(export(a.ckpt, a.out, fmt=a.format, quantize=a.quantize))
     return 0
 
 
@@ -188,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ckpt", required=True)
     s.add_argument("--out", required=True)
     s.add_argument("--format", default="torchscript", choices=["torchscript", "onnx"])
+    s.add_argument("--quantize", default="none", choices=["none", "int8"],
+                   help="int8: ONNX Runtime dynamic quantization (--format onnx only), "
+                        "checked against eager within the int8 tolerances")
     s.set_defaults(func=_export)
 
     s = sub.add_parser("sweep", help="run a wandb-format sweep YAML locally (offline)")

@@ -3,6 +3,8 @@
 ``export(ckpt, out, fmt)`` loads a Lightning checkpoint or bundle (EMA weights by
 default), exports the forward "window tensors in, (tau, force, gate, condition) out" and
 refuses to write a file whose outputs differ from eager PyTorch by more than 1e-5.
+``export(ckpt, out, fmt="onnx", quantize="int8")`` writes ONNX Runtime's dynamic int8
+quantization instead, refused beyond the tolerances documented in ``export.quantize``.
 """
 
 from nactuator.export.formats import (
@@ -17,16 +19,30 @@ from nactuator.export.formats import (
     to_torchscript,
 )
 from nactuator.export.graph import EXPORT_FORMAT, EXPORT_OUTPUTS, ExportableActuator
+from nactuator.export.quantize import (
+    INT8_PROBABILITY_TOLERANCE,
+    INT8_RELATIVE_TOLERANCE,
+    QUANTIZE,
+    int8_errors,
+    int8_tolerances,
+    measure_int8_errors,
+)
 
 __all__ = [
     "EXPORT_FORMAT",
     "EXPORT_OUTPUTS",
     "FORMATS",
+    "INT8_PROBABILITY_TOLERANCE",
+    "INT8_RELATIVE_TOLERANCE",
+    "QUANTIZE",
     "TOLERANCE",
     "ExportError",
     "ExportableActuator",
     "export",
+    "int8_errors",
+    "int8_tolerances",
     "load_torchscript",
+    "measure_int8_errors",
     "ort_session",
     "parity_tolerance",
     "to_onnx",

@@ -1,5 +1,8 @@
 """Write an actuator bundle as a TorchScript or ONNX file, checked against eager PyTorch.
 
+float32 files must match eager to 1e-5; an int8 ONNX file (``quantize="int8"``) must stay
+within the quantization tolerances of ``nactuator.export.quantize``.
+
 Both files carry the same JSON metadata (platform, input and output names, window
 length, feature groups, model config) so a deployment needs nothing else: TorchScript as
 the ``nactuator.json`` extra file, ONNX as the model's ``metadata_props``.
@@ -18,6 +21,13 @@ from typing import Any
 import torch
 
 from nactuator.export.graph import EXPORT_FORMAT, EXPORT_OUTPUTS, ExportableActuator
+from nactuator.export.quantize import (
+    INT8_CHECK_BATCH,
+    check_quantize_option,
+    int8_failures,
+    measure_int8_errors,
+    quantize_onnx_int8,
+)
 from nactuator.models import NeuralActuator, load_actuator
 
 FORMATS = ("torchscript", "onnx")
@@ -137,10 +147,29 @@ def ort_session(path: str | os.PathLike, threads: int = 1) -> Any:
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def to_onnx(actuator: NeuralActuator, out: Path, metadata: dict[str, Any]) -> None:
+def _check_int8(session: Any, graph: ExportableActuator) -> dict[str, float]:
+    names = [i.name for i in session.get_inputs()]
+    errors = measure_int8_errors(
+        lambda *xs: session.run(None, {n: x.numpy() for n, x in zip(names, xs, strict=True)}),
+        graph)
+    failed = int8_failures(errors)
+    if failed:
+        raise ExportError(f"int8 ONNX export is too far from eager PyTorch on "
+                          f"{INT8_CHECK_BATCH} windows drawn from the norm stats: "
+                          + "; ".join(failed) + "; not written")
+    return errors
+
+
+def to_onnx(actuator: NeuralActuator, out: Path, metadata: dict[str, Any],
+            quantize: str = "none") -> None:
     """torch.export-based ONNX export with a dynamic batch axis; checked with ONNX Runtime
-    when it is installed."""
+    when it is installed. ``quantize="int8"`` (needs onnxruntime) checks the float32 graph
+    to 1e-5 first, then quantizes it and checks the int8 file with ``quantize.int8_errors``;
+    the measured errors go into the file's metadata as ``int8_errors``."""
+    quantize = check_quantize_option(quantize, "onnx")
     onnx, onnxruntime = _onnx_modules()
+    if quantize == "int8" and onnxruntime is None:
+        raise ExportError("quantize='int8' needs onnxruntime (`pip install onnxruntime`)")
     graph = ExportableActuator(actuator).eval()
     batch = torch.export.Dim("batch")
     # The forward takes *channels, so the dynamic shapes are one tuple for that argument.
@@ -154,25 +183,47 @@ def to_onnx(actuator: NeuralActuator, out: Path, metadata: dict[str, Any]) -> No
     model = program.model_proto
     onnx.helper.set_model_props(model, {"nactuator": json.dumps(metadata)})
 
+    def check_float32(path: str) -> None:
+        session = ort_session(path)
+        names = [i.name for i in session.get_inputs()]
+        _check_parity(lambda *xs: session.run(None, {n: x.numpy() for n, x in
+                                                     zip(names, xs, strict=True)}),
+                      graph, "ONNX")
+
     def write(tmp: str) -> None:
-        onnx.save(model, tmp)
-        if onnxruntime is not None:
-            session = ort_session(tmp)
-            names = [i.name for i in session.get_inputs()]
-            _check_parity(lambda *xs: session.run(None, {n: x.numpy() for n, x in
-                                                         zip(names, xs, strict=True)}),
-                          graph, "ONNX")
+        if quantize == "none":
+            onnx.save(model, tmp)
+            if onnxruntime is not None:
+                check_float32(tmp)
+            return
+        with tempfile.TemporaryDirectory(prefix="nactuator-int8-") as scratch:
+            float32 = str(Path(scratch) / "float32.onnx")
+            onnx.save(model, float32)
+            check_float32(float32)  # an int8 error must not hide an export bug
+            quantize_onnx_int8(Path(float32), Path(tmp))
+        errors = _check_int8(ort_session(tmp), graph)
+        quantized = onnx.load(tmp)
+        onnx.helper.set_model_props(quantized, {"nactuator": json.dumps(
+            {**metadata, "quantize": "int8", "int8_errors": errors})})
+        onnx.save(quantized, tmp)
 
     _atomic_write(out, write)
 
 
 def export(ckpt: str | os.PathLike, out: str | os.PathLike, fmt: str = "torchscript",
-           use_ema: bool = True) -> str:
-    """Export a checkpoint's (or bundle's) actuator; returns the path written."""
+           use_ema: bool = True, quantize: str = "none") -> str:
+    """Export a checkpoint's (or bundle's) actuator; returns the path written.
+
+    ``quantize="int8"`` (``fmt="onnx"`` only) writes ONNX Runtime's dynamic int8
+    quantization, checked against the tolerances of ``nactuator.export.quantize``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; expected one of {list(FORMATS)}")
+    quantize = check_quantize_option(quantize, fmt)
     actuator, meta = load_actuator(ckpt, use_ema=use_ema)
-    metadata = export_metadata(actuator, meta)
+    metadata = {**export_metadata(actuator, meta), "quantize": quantize}
     out = Path(out)
-    (to_torchscript if fmt == "torchscript" else to_onnx)(actuator, out, metadata)
+    if fmt == "torchscript":
+        to_torchscript(actuator, out, metadata)
+    else:
+        to_onnx(actuator, out, metadata, quantize=quantize)
     return str(out)
