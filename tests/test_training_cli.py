@@ -31,7 +31,7 @@ def tiny_args(out: Path) -> list[str]:
     """One epoch of two batches, one validation batch, outputs under ``out``."""
     return [
         "--data.samples_per_epoch=8", "--data.batch_size=4",
-        "--model.horizon_schedule={0: 4}", "--trainer.max_epochs=1",
+        "--model.horizon_schedule={0: 4}", "--model.val_horizon=8", "--trainer.max_epochs=1",
         "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1",
         "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={out}",
     ]
