@@ -30,3 +30,15 @@ def nad_dir(shared_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def bam_dir(shared_dir: Path) -> Path:
     return shared_dir / "data" / "bam"
+
+
+SIM_PLATFORMS = ["omx", "so101", "franka", "pendulum"]
+
+
+@pytest.fixture(scope="session")
+def sims():
+    """One Simulator per platform for the whole session: building one compiles/loads Warp
+    kernels and the Newton model, so the simulator test modules share them."""
+    from nactuator.sim import Simulator
+
+    return {name: Simulator(name) for name in SIM_PLATFORMS}

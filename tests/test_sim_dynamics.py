@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import SIM_PLATFORMS as PLATFORMS
 
 from nactuator.sim import Simulator
 from nactuator.sim.check import PARITY_GATE, mujoco_parity, start_states, tracking_torques
-
-PLATFORMS = ["omx", "so101", "franka", "pendulum"]
-
-
-@pytest.fixture(scope="module")
-def sims() -> dict[str, Simulator]:
-    return {name: Simulator(name) for name in PLATFORMS}
 
 
 @pytest.mark.parametrize("name", PLATFORMS)

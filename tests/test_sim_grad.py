@@ -5,18 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import SIM_PLATFORMS as PLATFORMS
 
 from nactuator.platforms import load_platform
-from nactuator.sim import Simulator
 from nactuator.sim.check import FD_GATE, closed_loop_fd, directional_fd, stock_solver_error
 
-PLATFORMS = ["omx", "so101", "franka", "pendulum"]
 LO, HI = FD_GATE
-
-
-@pytest.fixture(scope="module")
-def sims() -> dict[str, Simulator]:
-    return {name: Simulator(name) for name in PLATFORMS}
 
 
 @pytest.mark.parametrize("name", PLATFORMS)

@@ -9,18 +9,12 @@ import mujoco
 import numpy as np
 import pytest
 import torch
+from conftest import SIM_PLATFORMS as PLATFORMS
 
 from nactuator.platforms import PlatformError, list_platforms, load_platform
 from nactuator.sim import Simulator
 from nactuator.sim.builder import SimSetupError, build_model, sim_settings
 from nactuator.sim.parity import mujoco_model
-
-PLATFORMS = ["omx", "so101", "franka", "pendulum"]
-
-
-@pytest.fixture(scope="module")
-def sims() -> dict[str, Simulator]:
-    return {name: Simulator(name) for name in PLATFORMS}
 
 
 def test_every_configured_platform_has_a_model():
