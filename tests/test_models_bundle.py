@@ -107,3 +107,31 @@ def test_bad_bundles_give_clear_errors(tmp_path):
         bundle_to_dict(raw, "omx", {"ema_state_dict": {"nope.weight": torch.zeros(1)}})
     with pytest.raises(ValueError, match="platform must be a platform name"):
         bundle_to_dict(raw, "")
+
+
+class _CreatesAFile:
+    """A pickle payload: unpickling it calls ``Path.touch`` (any callable would do)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+def test_a_crafted_checkpoint_is_refused_and_runs_nothing(tmp_path):
+    raw, ema = trained_pair("gru")
+    marker = tmp_path / "pwned"
+    bundle = bundle_to_dict(raw, "so101", {"ema_state_dict": ema})
+    # The payload hides inside an otherwise valid Lightning-style checkpoint.
+    torch.save({"epoch": 1, "nactuator": bundle, "hyper_parameters": _CreatesAFile(marker)},
+               tmp_path / "evil.ckpt")
+    with pytest.raises(BundleError, match=r"evil\.ckpt was refused.*could run code"):
+        load_actuator(tmp_path / "evil.ckpt")
+    assert not marker.exists(), "loading the checkpoint executed code from it"
+    # The same bundle without the payload loads: refusing is about the payload, not the file.
+    torch.save({"epoch": 1, "nactuator": bundle}, tmp_path / "good.ckpt")
+    loaded, meta = load_actuator(tmp_path / "good.ckpt", expect_platform="so101")
+    assert meta["weights"] == "ema"

@@ -344,7 +344,7 @@ def test_resume_continues_the_curriculum(so101_data, tmp_path):
                            limit_val_batches=1, callbacks=[saver])
     trainer.fit(make_module(horizon_schedule=schedule, val_horizon=5),
                 datamodule=make_dm(so101_data, horizon=4, samples_per_epoch=4))
-    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     assert next(v for k, v in saved.items() if "NADDataModule" in k)["horizon"] in (2, 5)
     record = RecordHorizons()
     trainer = make_trainer(tmp_path, max_epochs=2, max_steps=-1, callbacks=[record])
@@ -370,7 +370,7 @@ def test_checkpoint_bundle_and_resume(so101_data, tmp_path):
     trainer.fit(module, datamodule=dm)
     ckpt = tmp_path / "run.ckpt"
     trainer.save_checkpoint(ckpt)
-    saved = torch.load(ckpt, weights_only=False)
+    saved = torch.load(ckpt, weights_only=True)
     bundle = saved["nactuator"]
     assert bundle["platform"] == "so101"
     assert bundle["training_config"]["lr"] == pytest.approx(3e-3)

@@ -71,7 +71,7 @@ def test_fit_validate_test_through_lightning_cli(data, tmp_path):
     # base.yaml rewrites last.ckpt after every epoch (resumable), besides the best by val/loss
     (last,) = tmp_path.rglob("last.ckpt")
     assert any(p.name.startswith("best-") for p in last.parent.iterdir())
-    assert torch.load(last, weights_only=False)["nactuator"]["platform"] == "so101"
+    assert torch.load(last, weights_only=True)["nactuator"]["platform"] == "so101"
     assert any(p.name.startswith("events.out.tfevents") for p in tmp_path.rglob("*"))
 
     for command, key in (("validate", "val/loss"), ("test", "test/loss")):
@@ -109,7 +109,7 @@ def test_ddp_two_cpu_processes(data, tmp_path):
     assert "GLOBAL_RANK: 1" in proc.stdout + proc.stderr
     ckpts = list(out.rglob("last.ckpt"))
     assert len(ckpts) == 1
-    state = torch.load(ckpts[0], weights_only=False)
+    state = torch.load(ckpts[0], weights_only=True)
     # samples_per_epoch is per process: 8 segments / batch 4 = 2 steps, each rank on its
     # own sampling stream, gradients averaged over both.
     assert state["global_step"] == 2

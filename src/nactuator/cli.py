@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -126,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="nactuator",
         description="Neural actuator models for low-cost servo arms.",
     )
+    # Read (and removed) by main() before parsing, so it works anywhere on the line.
+    p.add_argument("--debug", action="store_true",
+                   help="show the Python traceback of an error (or set NACTUATOR_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("sim-check", help="gradient and MuJoCo-parity checks of the simulator")
@@ -243,8 +247,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+_PATH_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+                PermissionError)
+
+
+def _one_line(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        return f"{err.strerror}: {err.filename}"
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _run(argv: list[str]) -> int:
     parser = build_parser()
     # LightningCLI commands take their own arguments; argparse must not touch them.
     if argv and argv[0] in ("fit", "validate", "test"):
@@ -256,6 +269,32 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return a.func(a)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command. A user error (``UserError``, a missing or unwritable path) prints one
+    line and exits 2; ``--debug`` or ``NACTUATOR_DEBUG=1`` shows its traceback instead."""
+    from nactuator.errors import UserError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("NACTUATOR_DEBUG", "").strip() not in ("", "0")
+    if "--debug" in argv:
+        debug = True
+        argv = [x for x in argv if x != "--debug"]
+    command = " ".join(x for x in argv[:2] if not x.startswith("-")) or "nactuator"
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"nactuator {command}: interrupted", file=sys.stderr)
+        return 130
+    except (UserError, *_PATH_ERRORS) as err:
+        if debug:
+            raise
+        print(f"nactuator {command}: error: {_one_line(err)} [--debug shows the traceback]",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nactuator import atomic
+from nactuator.errors import UserError
 from nactuator.platforms import Platform
 
 __all__ = [
@@ -52,7 +53,7 @@ DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 
 
-class DataFormatError(ValueError):
+class DataFormatError(UserError, ValueError):
     """Bad dataset input or a damaged dataset; the message names the file/key and the problem."""
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from nactuator.data import Episode, read_dataset
 from nactuator.data.stats import median_within_episodes
+from nactuator.errors import UserError
 from nactuator.eval.metrics import CONTACT_THRESHOLD_N
 from nactuator.platforms import Platform
 
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 
-class EvalDataError(ValueError):
+class EvalDataError(UserError, ValueError):
     """The data given to the evaluation cannot be evaluated; the message says why."""
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from nactuator.errors import UserError
 from nactuator.export.graph import EXPORT_FORMAT, EXPORT_OUTPUTS, ExportableActuator
 from nactuator.export.quantize import (
     INT8_CHECK_BATCH,
@@ -35,7 +36,7 @@ META_FILE = "nactuator.json"
 TOLERANCE = 1e-5  # max |exported - eager| accepted on every output (see parity_tolerance)
 
 
-class ExportError(RuntimeError):
+class ExportError(UserError, RuntimeError):
     """The export could not be written or does not reproduce the eager model."""
 
 

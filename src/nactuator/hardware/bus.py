@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nactuator.errors import UserError
 from nactuator.platforms import Platform, load_platform
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 
-class BusError(RuntimeError):
+class BusError(UserError, RuntimeError):
     """A servo bus problem; the message says which port/servo/register and what to check."""
 
 

@@ -8,6 +8,8 @@ training data or any config file: features, norm stats and every model size are 
 from __future__ import annotations
 
 import os
+import pickle
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from nactuator.atomic import atomic_path
+from nactuator.errors import UserError
 from nactuator.models.actuator import NeuralActuator
 
 BUNDLE_FORMAT = "nactuator-actuator/1"
@@ -23,7 +26,7 @@ CHECKPOINT_KEY = "nactuator"
 _RESERVED = ("ema_state_dict", "training_config")
 
 
-class BundleError(ValueError):
+class BundleError(UserError, ValueError):
     """A file or dict is not a usable actuator bundle; the message says which and why."""
 
 
@@ -89,6 +92,11 @@ def save_bundle(bundle: Mapping[str, Any], path: str | os.PathLike) -> Path:
     return path
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def _read(source: str | os.PathLike | Mapping, map_location: Any) -> tuple[dict, str]:
     if isinstance(source, Mapping):
         return dict(source), "<dict>"
@@ -96,12 +104,22 @@ def _read(source: str | os.PathLike | Mapping, map_location: Any) -> tuple[dict,
     if not path.is_file():
         raise FileNotFoundError(f"actuator checkpoint/bundle {path} does not exist")
     try:
-        # Our own checkpoints carry plain Python config next to tensors, so the full
-        # unpickler is needed; only load files you trust.
-        obj = torch.load(path, map_location=map_location, weights_only=False)
+        # weights_only: the restricted unpickler builds tensors and plain containers only, so
+        # a crafted file cannot run code. Our checkpoints and bundles hold nothing else.
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        wanted = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        if wanted is None:
+            raise BundleError(f"{path} is not a torch checkpoint or actuator bundle (it does "
+                              "not unpickle as one)") from err
+        raise BundleError(
+            f"{path} was refused: it asks to call or build {wanted.group(1)}, which a nactuator "
+            "checkpoint never contains, and loading it could run code. Only load checkpoints "
+            "written by nactuator (a .ckpt from `nactuator train`/`fit`, or a saved bundle)"
+        ) from err
     except Exception as err:
         raise BundleError(f"{path} is not a torch checkpoint or actuator bundle "
-                          f"({type(err).__name__}: {err})") from err
+                          f"({type(err).__name__}: {_first_line(err)})") from err
     if not isinstance(obj, Mapping):
         raise BundleError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict")
     return dict(obj), str(path)

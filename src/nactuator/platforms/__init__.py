@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from nactuator.errors import UserError
+
 __all__ = [
     "Channel",
     "EndEffector",
@@ -31,7 +33,7 @@ _EFFORT_UNITS = {"revolute": "N*m", "prismatic": "N"}
 EFFORT_SIGNALS = ("current", "load", "torque", "pwm")
 
 
-class PlatformError(ValueError):
+class PlatformError(UserError, ValueError):
     """A platform name or platform file is wrong; the message says which and why."""
 
 

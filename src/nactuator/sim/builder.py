@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import newton
 import numpy as np
 
+from nactuator.errors import UserError
 from nactuator.platforms import Platform
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
 _DEFAULTS = {"limit_ke": 250.0, "limit_kd": 10.0, "angular_damping": 0.0}
 
 
-class SimSetupError(ValueError):
+class SimSetupError(UserError, ValueError):
     """The platform's simulator settings are unusable (unstable, or model mismatch)."""
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nactuator.atomic import write_text
+from nactuator.errors import UserError
 from nactuator.platforms import conf_dir, read_yaml_mapping
 
 METHODS = ("grid", "random")
@@ -30,7 +31,7 @@ DISTRIBUTIONS = ("uniform", "int_uniform", "log_uniform_values", "q_uniform")
 DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
 
 
-class SweepError(ValueError):
+class SweepError(UserError, ValueError):
     """The sweep file is not one this driver can run; the message says where and why."""
 
 

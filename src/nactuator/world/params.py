@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from nactuator.errors import UserError
 from nactuator.platforms import Platform, conf_dir, load_platform, read_yaml_mapping
 
 __all__ = [
@@ -37,7 +38,7 @@ REGISTER_MAPS = ("xm430", "xl330", "sts3215", "franka")
 CONTROLLERS = ("position_pid", "joint_impedance")
 
 
-class WorldError(ValueError):
+class WorldError(UserError, ValueError):
     """A world file or world parameter is wrong; the message says where and what was expected."""
 
 
