@@ -115,7 +115,7 @@ def matmul_floor_runner(graph: ExportableActuator) -> Runner:
     net = graph.actuator.net
     if net.config["arch"] != "transformer":
         raise NotImplementedError("the matmul floor is modelled for the transformer only")
-    length, d_model = net.history, net.config["d_model"]
+    length, d_model = net.window_length, net.config["d_model"]
     encoder_ids = {id(m) for m in net.encoder.modules()}
     products = [(torch.randn(length if id(m) in encoder_ids else 1, m.in_features),
                  m.weight.detach().t().contiguous())
@@ -249,7 +249,7 @@ def main() -> None:
     base_p50 = percentile(latency["eager"], 0.5)
     base_tp = {b: statistics.median(throughput["eager"][b]) for b in args.batches}
     print(f"## {args.arch}: {params:,} parameters, {mflops:.2f} MFLOPs per window "
-          f"(n_motors={args.motors}, L={actuator.history}), {args.threads} thread(s), "
+          f"(n_motors={args.motors}, L={actuator.window_length}), {args.threads} thread(s), "
           f"torch {torch.__version__}, {platform.machine()}\n")
     header = ["path", "b=1 p50 ms", "b=1 p95 ms", "b=1 p50 CPU ms", "p50 speed-up"]
     header += [f"b={b} windows/s" for b in args.batches]

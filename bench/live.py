@@ -83,7 +83,7 @@ def baseline_read_ms(bus_obj, cycles: int) -> np.ndarray:
 
 def model_only_ms(actuator, n: int, cycles: int) -> np.ndarray:
     """Bare forward pass on a ready window: what inference costs without our loop."""
-    window = {k: torch.zeros(1, actuator.history, n) for k in actuator.inputs}
+    window = {k: torch.zeros(1, actuator.window_length, n) for k in actuator.inputs}
     times = []
     with torch.inference_mode():
         for _ in range(10):

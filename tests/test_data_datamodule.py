@@ -54,7 +54,7 @@ def coded(tmp_path):
 
 
 def test_batch_matches_contract_2(coded):
-    dm = NADDataModule(coded, "omx", history=8, horizon=10, batch_size=4)
+    dm = NADDataModule(coded, "omx", window_length=9, horizon=10, batch_size=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the 12-frame episode is skipped (tested below)
         batch = next(iter(dm.train_dataloader()))
@@ -72,7 +72,7 @@ def test_batch_matches_contract_2(coded):
 
 
 def test_frames_are_aligned_and_padded(coded):
-    dm = NADDataModule(coded, "omx", history=8, horizon=10, batch_size=1000)
+    dm = NADDataModule(coded, "omx", window_length=9, horizon=10, batch_size=1000)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         batch = next(iter(dm.train_dataloader()))
@@ -106,33 +106,42 @@ def test_short_episodes_are_skipped_with_a_warning_and_none_left_is_an_error(cod
                       r"\+ 1 = 21 frames: task0#2 \(12 frames\)"):
         n = sum(len(b["start"]) for b in dm.train_dataloader())
     assert n == (40 - 20) + (25 - 20)
+    late = NADDataModule(coded, "omx", horizon={0: 20, 3: 40}, batch_size=8)
     with pytest.raises(DataFormatError, match=r"no train episode has horizon \+ 1 = 41 frames "
-                       r"\(3 train episodes, longest 40 frames\)"), pytest.warns(UserWarning):
-        dm.set_horizon(40)
+                       r"\(3 train episodes, longest 40 frames\)"):
+        late.epoch = 3
+        late.train_dataloader()
 
 
-def test_set_horizon_changes_segment_length_between_and_within_epochs(coded):
-    dm = NADDataModule(coded, "omx", history=8, horizon=5, batch_size=2)
+def test_the_curriculum_sets_the_horizon_once_per_epoch(coded):
+    dm = NADDataModule(coded, "omx", window_length=9, horizon={0: 5, 2: 9}, batch_size=2)
     loader = dm.train_dataloader()
-    it = iter(loader)
-    assert next(it)["q"].shape[1] == 8 + 5 + 1
-    dm.set_horizon(9)
-    assert next(it)["q"].shape[1] == 8 + 9 + 1  # the curriculum acts on the next batch
-    assert next(iter(loader))["q"].shape[1] == 18
+    assert dm.horizon == 5 and next(iter(loader))["q"].shape[1] == 9 + 5
+    dm.epoch = 1
+    assert dm.horizon == 5
+    dm.epoch = 2
+    loader = dm.train_dataloader()
+    assert dm.horizon == 9 and {b["q"].shape[1] for b in loader} == {9 + 9}
     assert len(loader) == ((40 - 9) + (25 - 9) + (12 - 9) + 1) // 2
 
 
-def test_validation_and_test_tile_each_episode(coded):
-    dm = NADDataModule(coded, "omx", history=8, horizon=10, batch_size=64)
-    val = list(dm.val_dataloader())
-    assert len(val) == 1
-    b = val[0]
-    assert b["start"].tolist() == [0, 10]  # 30 frames: [0, 10] and [10, 20]; tail unscored
-    assert set(b["episode_index"].tolist()) == {3}
-    test = next(iter(dm.test_dataloader()))
-    assert test["start"].tolist() == [0, 10, 20, 30]
-    again = next(iter(dm.test_dataloader()))
-    assert torch.equal(test["q"], again["q"])  # deterministic
+def test_validation_and_test_serve_whole_episodes(coded):
+    dm = NADDataModule(coded, "omx", window_length=9, horizon=10, batch_size=64)
+    (val,) = list(dm.val_dataloader())
+    assert val["episode_index"].tolist() == [3] and val["length"].tolist() == [30]
+    assert val["q"].shape == (1, 8 + 30, N)
+    assert val["pad"][0].tolist() == [True] * 8 + [False] * 30
+    assert torch.equal(val["q"][0, 8:, 0], (3000 + torch.arange(30)).float())
+    both = NADDataModule(f"{coded},{coded}", "omx", eval_batch_size=None).split_episodes("test")
+    assert both["length"].tolist() == [50, 50]
+    mixed = NADDataModule(coded, "omx").split_episodes("train")  # 40, 25 and 12 frames
+    assert mixed["q"].shape == (3, 8 + 40, N) and mixed["length"].tolist() == [40, 25, 12]
+    # a shorter episode repeats its last frame past its end (those steps are not scored)
+    assert (mixed["q"][2, 8 + 11:, 0] == 2011).all()
+    again = NADDataModule(coded, "omx").split_episodes("train")
+    assert torch.equal(mixed["q"], again["q"])  # deterministic
+    by_two = list(NADDataModule(f"{coded},{coded}", "omx", eval_batch_size=1).test_dataloader())
+    assert [b["length"].tolist() for b in by_two] == [[50], [50]]
 
 
 def test_norm_stats_use_the_train_split_only(coded):
@@ -152,9 +161,12 @@ def test_norm_stats_use_the_train_split_only(coded):
 def test_seeded_sampling(coded):
     def starts(seed, epochs=2):
         dm = NADDataModule(coded, "omx", horizon=5, batch_size=8, seed=seed)
-        loader = dm.train_dataloader()
-        return [torch.cat([b["start"] * 100 + b["episode_index"] for b in loader]).tolist()
-                for _ in range(epochs)]
+        orders = []
+        for epoch in range(epochs):
+            dm.epoch = epoch
+            orders.append(torch.cat([b["start"] * 100 + b["episode_index"]
+                                     for b in dm.train_dataloader()]).tolist())
+        return orders
 
     a, b, c = starts(0), starts(0), starts(1)
     assert a == b  # same seed, same order, epoch by epoch
@@ -170,20 +182,6 @@ def test_samples_per_epoch_draws_a_fixed_number(coded):
     assert sum(len(b["start"]) for b in loader) == 20
 
 
-def test_windows_view(coded):
-    dm = NADDataModule(coded, "omx", history=8)
-    w = dm.windows("validation")
-    assert w["q"].shape == (30, 9, N)
-    assert torch.equal(w["frame"], torch.arange(30))
-    # Token t of window i is frame (frame[i] - 8 + t); the last token is the current frame.
-    assert torch.equal(w["q"][:, -1, 0], (3000 + torch.arange(30)).float())
-    assert torch.equal(w["pad"][0], torch.tensor([True] * 8 + [False]))
-    assert not w["pad"][8:].any()
-    assert (w["q"][w["pad"]] == 0).all()
-    batch = dm.window_batch("validation", np.array([12, 3]))
-    assert torch.equal(batch["q"], w["q"][[12, 3]])
-
-
 def test_temperature_glitches_are_filtered(tmp_path):
     frames = coded_frames(0, 60)
     frames["temperature"][10, 1] = 95.0  # one-frame spike
@@ -191,12 +189,12 @@ def test_temperature_glitches_are_filtered(tmp_path):
     frames["temperature"][40:, 3] = 40.0  # a real step is kept
     with DatasetWriter(tmp_path / "ds", OMX, OMX.fps) as w:
         w.add_episode(frames, "t", "train")
-    temp = NADDataModule(tmp_path / "ds", "omx").windows("train")["temperature"][:, -1]
+    temp = NADDataModule(tmp_path / "ds", "omx").split_episodes("train")["temperature"][0, 8:]
     assert temp[10, 1] == 35.0 and (temp[30:33, 0] == 35.0).all()
     assert temp[39, 3] == 35.0 and temp[40, 3] == 40.0
     assert (temp[:, 2] == 35.0).all()
-    raw = NADDataModule(tmp_path / "ds", "omx", temperature_median=1).windows("train")
-    assert raw["temperature"][10, -1, 1] == 95.0
+    raw = NADDataModule(tmp_path / "ds", "omx", temperature_median=1).split_episodes("train")
+    assert raw["temperature"][0, 8 + 10, 1] == 95.0
 
 
 def test_temperature_median_never_mixes_episodes(tmp_path):
@@ -206,8 +204,8 @@ def test_temperature_median_never_mixes_episodes(tmp_path):
     with DatasetWriter(tmp_path / "ds", OMX, OMX.fps) as w:
         w.add_episode(a, "t", "train")
         w.add_episode(b, "t", "train")
-    temp = NADDataModule(tmp_path / "ds", "omx").windows("train")["temperature"][:, -1, 0]
-    assert (temp[:20] == 30.0).all() and (temp[20:] == 50.0).all()
+    temp = NADDataModule(tmp_path / "ds", "omx").split_episodes("train")["temperature"][:, 8:, 0]
+    assert (temp[0] == 30.0).all() and (temp[1] == 50.0).all()
 
 
 def test_several_datasets_and_platform_mismatch(coded, tmp_path):
@@ -236,9 +234,9 @@ def test_real_so101_smoke(nad_dir, tmp_path):
     assert torch.allclose(labelled, torch.tensor([0.0, 0.0, -4.9]))  # x, y unlabelled -> 0
     assert 10 < dm.norm_stats["voltage"]["mean"][0] < 13
     assert max(dm.norm_stats["temperature"]["mean"]) < 45  # glitches filtered before stats
-    assert dm.windows("train")["temperature"].max() < 45  # raw files reach 150 degC
-    val = list(dm.val_dataloader())
-    assert sum(len(b["start"]) for b in val) == (695 - 1 - 128) // 128 + 1
+    assert dm.split_episodes("train")["temperature"].max() < 45  # raw files reach 150 degC
+    (val,) = list(dm.val_dataloader())
+    assert val["length"].tolist() == [694]  # the validation run: 694 frames
 
 
 def test_lightning_fit_with_a_horizon_curriculum(coded):
@@ -261,15 +259,12 @@ def test_lightning_fit_with_a_horizon_curriculum(coded):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    class Curriculum(L.Callback):
-        def on_train_epoch_start(self, trainer, module):
-            trainer.datamodule.set_horizon([5, 9][trainer.current_epoch])
-
-    dm = NADDataModule(coded, "omx", history=8, horizon=5, batch_size=4, samples_per_epoch=8)
-    trainer = L.Trainer(max_epochs=2, callbacks=[Curriculum()], logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0)
+    dm = NADDataModule(coded, "omx", window_length=9, horizon={0: 5, 1: 9}, batch_size=4,
+                       samples_per_epoch=8)
+    trainer = L.Trainer(max_epochs=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0)
     trainer.fit(Probe(), datamodule=dm)
     train = [t for kind, _, t in seen if kind == "train"]
-    assert train == [14, 14, 18, 18]  # 2 batches per epoch; T = 8 + H + 1
-    assert ("val", 1, 18) in seen  # validation tiles follow the current horizon
+    assert train == [14, 14, 18, 18]  # 2 batches per epoch; T = L + H
+    assert ("val", 1, 8 + 30) in seen  # validation serves the whole episode

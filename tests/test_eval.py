@@ -18,7 +18,7 @@ from nactuator.models import NeuralActuator, bundle_to_dict, save_bundle
 from nactuator.platforms import load_platform
 
 PLATFORM = "so101"
-SMALL = {"arch": "transformer", "history": 9, "d_model": 16, "n_layers": 1, "n_heads": 2,
+SMALL = {"arch": "transformer", "window_length": 9, "d_model": 16, "n_layers": 1, "n_heads": 2,
          "d_ff": 32, "head_hidden": 16}
 
 
@@ -103,16 +103,16 @@ def test_rollout_starts_at_recorded_q0_and_follows_the_simulator(tiny):
     platform, actuator = tiny["platform"], tiny["actuator"]
     episodes = [e for e in tiny["dataset"].episodes if e.split == "test"]
     sim = Simulator(platform)
-    ro = rollout(actuator, sim, episodes, history=actuator.history - 1)
+    ro = rollout(actuator, sim, episodes)
     assert [r.q.shape for r in ro] == [(120, 6), (60, 6)]
     assert np.allclose(ro[0].q[0], episodes[0].frames["q"][0], atol=1e-6)
     assert np.all(np.isfinite(ro[0].q))
     # Batched rollouts equal one-episode rollouts: episodes do not leak into each other.
-    alone = rollout(actuator, sim, episodes[1:], history=actuator.history - 1)[0]
+    alone = rollout(actuator, sim, episodes[1:])[0]
     assert np.abs(alone.q - ro[1].q).max() < 1e-5
     assert np.abs(alone.force - ro[1].force).max() < 1e-5
     assert actuator.training  # the fixture's module is left in the mode it was given
-    again = rollout(actuator, sim, episodes[1:], history=actuator.history - 1)[0]
+    again = rollout(actuator, sim, episodes[1:])[0]
     assert np.array_equal(again.q, alone.q)  # an evaluation repeats bit for bit
 
 
@@ -137,7 +137,7 @@ def test_missing_model_input_is_a_clear_error(tiny):
                       frames={k: v for k, v in ep.frames.items() if k != "effort"})
     actuator = tiny["actuator"]
     with pytest.raises(EvalDataError, match="needs channel 'effort' but the data lacks it"):
-        rollout(actuator, Simulator(tiny["platform"]), [broken], actuator.history - 1)
+        rollout(actuator, Simulator(tiny["platform"]), [broken])
 
 
 def test_empty_split_is_a_clear_error(tiny):

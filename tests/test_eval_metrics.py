@@ -9,9 +9,10 @@ import pytest
 
 from nactuator.data import Episode
 from nactuator.eval import metrics as M
-from nactuator.eval.protocol import Rollout, score_episode
+from nactuator.eval.protocol import score_episode
 from nactuator.eval.references import LinearForceReference, command_following
 from nactuator.eval.report import markdown_report
+from nactuator.rollout import Rollout
 
 DEG = math.pi / 180.0
 
@@ -42,7 +43,8 @@ def perfect_rollout(ep: Episode) -> Rollout:
     steps, n = ep.length - 1, ep.frames["q"].shape[1]
     return Rollout(q=ep.frames["q"].astype(float).copy(), qd=np.zeros((ep.length, n)),
                    tau=np.zeros((steps, n)), force=np.zeros((steps, 3)),
-                   gate=np.zeros(steps), condition=np.ones((steps, n)))
+                   gate=np.zeros(steps), gate_logit=np.full(steps, -20.0),
+                   condition=np.ones((steps, n)), condition_logit=np.full((steps, n), 20.0))
 
 
 SCALES, UNITS = M.channel_scales(["revolute", "revolute", "prismatic"])

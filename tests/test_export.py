@@ -63,7 +63,7 @@ def test_torchscript_matches_eager(tmp_path, arch, features):
     assert sorted(p.name for p in (tmp_path / "deploy").iterdir()) == ["actuator.ts"]
     module, meta = load_torchscript(out)
     assert meta["platform"] == "omx" and meta["weights"] == "ema"
-    assert meta["outputs"] == ["tau", "force", "gate", "condition"] and meta["history"] == 9
+    assert meta["outputs"] == ["tau", "force", "gate", "condition"] and meta["window_length"] == 9
     for batch in (1, 7):
         window = make_window(batch=batch, seed=batch)
         got = module(*(window[k] for k in meta["inputs"]))

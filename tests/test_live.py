@@ -8,7 +8,7 @@ import csv
 import numpy as np
 import pytest
 
-from nactuator.control.live import CausalWindow, run_live
+from nactuator.control.live import hold_last_valid, run_live
 from nactuator.hardware.emulator import Emulator
 from nactuator.models import NeuralActuator, bundle_to_dict, save_bundle
 from nactuator.platforms import load_platform
@@ -26,20 +26,13 @@ def untrained_bundle(path, platform: str, n: int) -> str:
     return str(path)
 
 
-def test_causal_window_pads_then_slides_and_holds_unread_motors() -> None:
-    w = CausalWindow(["q"], history=3, n=2)
-    w.push({"q": np.array([1.0, 2.0])}, np.array([True, True]))
-    assert not w.warm
-    np.testing.assert_array_equal(w.buf["q"], [[1, 2], [1, 2], [1, 2]])
-    # frames before the first reading are flagged as padding, as in training (Contract 2)
-    assert w.tensors()["pad"].tolist() == [[True, True, False]]
-    w.push({"q": np.array([3.0, np.nan])}, np.array([True, False]))  # motor 2 not read
-    assert w.tensors()["pad"].tolist() == [[True, False, False]]
-    w.push({"q": np.array([5.0, 6.0])}, np.array([True, True]))
-    assert w.warm and not w.tensors()["pad"].any()
-    np.testing.assert_array_equal(w.buf["q"], [[1, 2], [3, 2], [5, 6]])
-    t = w.tensors()["q"]
-    assert t.shape == (1, 3, 2) and float(t[0, -1, 1]) == 6.0
+def test_a_motor_not_read_this_cycle_keeps_its_last_reading() -> None:
+    held = {"q": np.full(2, np.nan, dtype=np.float32)}
+    hold_last_valid(held, {"q": np.array([1.0, 2.0])}, np.array([True, True]))
+    hold_last_valid(held, {"q": np.array([3.0, np.nan])}, np.array([True, False]))
+    np.testing.assert_array_equal(held["q"], [3.0, 2.0])
+    hold_last_valid(held, {"q": np.array([9.0, 7.0])}, np.array([False, True]))
+    np.testing.assert_array_equal(held["q"], [3.0, 7.0])
 
 
 def test_live_streams_forces_from_an_emulated_arm(tmp_path) -> None:

@@ -122,7 +122,7 @@ def test_local_sweep_runs_offline_and_ranks(tmp_path, max_runs):
     out = tmp_path / "sweep"
     table = run_sweep(str(sweep), max_runs=max_runs, out=str(out), extra_args=[
         "--trainer.max_epochs=1", "--data.samples_per_epoch=4", "--data.batch_size=4",
-        "--model.horizon_schedule={0: 2}", "--model.val_horizon=8",
+        "--data.horizon={0: 2}",
         "--trainer.limit_val_batches=1",
         "--trainer.enable_progress_bar=false"])
     results = json.loads((out / "results.json").read_text())

@@ -19,12 +19,13 @@ import torch
 from nactuator.data import DatasetWriter
 from nactuator.data.datamodule import NADDataModule
 from nactuator.platforms import load_platform
+from nactuator.rollout import Rollout
 from nactuator.sim import Simulator
 from nactuator.training.losses import LossWeights
 from nactuator.training.module import NeuralActuatorModule
-from nactuator.training.rollout import Rollout
 
-HISTORY = 8
+WINDOW = 9
+BEFORE = WINDOW - 1  # context frames before a segment's start frame
 TINY_MODEL = dict(arch="transformer", width=32, depth=1,
                   model_sizes={"head_hidden": 32, "dropout": 0.0})
 
@@ -104,14 +105,14 @@ def so101_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_sim_dataset(tmp_path_factory.mktemp("so101") / "ds", "so101")
 
 
-def make_dm(path: Path, platform: str = "so101", horizon: int = 6, batch_size: int = 4,
+def make_dm(path: Path, platform: str = "so101", horizon: int | dict = 6, batch_size: int = 4,
             samples_per_epoch: int | None = 8) -> NADDataModule:
-    return NADDataModule([path], platform, history=HISTORY, horizon=horizon,
+    return NADDataModule([path], platform, window_length=WINDOW, horizon=horizon,
                          batch_size=batch_size, samples_per_epoch=samples_per_epoch, seed=0)
 
 
 def make_module(platform: str = "so101", **kwargs) -> NeuralActuatorModule:
-    args = dict(TINY_MODEL, platform=platform, history=HISTORY, horizon_schedule={0: 6},
+    args = dict(TINY_MODEL, platform=platform, window_length=WINDOW,
                 lr=3e-3, warmup_steps=0, ema_decay=0.9, lr_total_steps=1000)
     args.update(kwargs)
     return NeuralActuatorModule(**args)
@@ -149,16 +150,16 @@ def test_losses_score_frame_after_each_step(so101_data):
     module = built(make_module(), dm)
     batch = first_batch(dm)
     B, H = batch["q"].shape[0], 6
-    exact = batch["q"][:, HISTORY : HISTORY + H + 1]
-    zeros = torch.zeros(B, H, 3)
-    r = Rollout(q=exact, qd=batch["qd"][:, HISTORY : HISTORY + H + 1],
-                tau=torch.zeros(B, H, 6), force=batch["force"][:, HISTORY : HISTORY + H],
-                gate_logit=zeros[..., :1], condition_logit=torch.full((B, H, 6), 20.0))
+    exact = batch["q"][:, BEFORE : BEFORE + H + 1]
+    r = Rollout(q=exact, qd=batch["qd"][:, BEFORE : BEFORE + H + 1],
+                tau=torch.zeros(B, H, 6), force=batch["force"][:, BEFORE : BEFORE + H],
+                gate=torch.full((B, H), 0.5), gate_logit=torch.zeros(B, H),
+                condition=torch.ones(B, H, 6), condition_logit=torch.full((B, H, 6), 20.0))
     parts = module.compute_losses(r, batch)
     assert parts["joint"].item() == pytest.approx(0.0, abs=1e-9)
     assert parts["force"].item() == pytest.approx(0.0, abs=1e-9)
     assert parts["cond"].item() < 1e-6  # every motor labelled nominal, logits +20
-    shifted = Rollout(**{**r.__dict__, "q": batch["q"][:, HISTORY - 1 : HISTORY + H]})
+    shifted = Rollout(**{**r.__dict__, "q": batch["q"][:, BEFORE - 1 : BEFORE + H]})
     assert module.compute_losses(shifted, batch)["joint"].item() > 1e-6
     # SO-101's jaw is revolute: it is scored as a joint, and there is no gripper loss.
     assert module.revolute == list(range(6)) and module.prismatic == []
@@ -173,9 +174,10 @@ def test_unlabelled_force_frames_teach_no_contact_unless_masked(so101_data):
     batch["force"] = torch.zeros_like(batch["force"])
     batch["force_valid"] = torch.zeros_like(batch["force_valid"])  # nothing labelled
     B, H = batch["q"].shape[0], 6
-    r = Rollout(q=batch["q"][:, HISTORY : HISTORY + H + 1],
-                qd=batch["qd"][:, HISTORY : HISTORY + H + 1], tau=torch.zeros(B, H, 6),
-                force=torch.full((B, H, 3), 2.0), gate_logit=torch.full((B, H, 1), 3.0),
+    r = Rollout(q=batch["q"][:, BEFORE : BEFORE + H + 1],
+                qd=batch["qd"][:, BEFORE : BEFORE + H + 1], tau=torch.zeros(B, H, 6),
+                force=torch.full((B, H, 3), 2.0), gate=torch.full((B, H), 0.95),
+                gate_logit=torch.full((B, H), 3.0), condition=torch.ones(B, H, 6),
                 condition_logit=torch.full((B, H, 6), 20.0))
     as_zero = built(make_module(), dm).compute_losses(r, batch)
     assert as_zero["force"].item() == pytest.approx(1.5)  # Huber_1(2 N) on every frame
@@ -200,7 +202,7 @@ def test_gradient_reaches_the_first_rollout_step(so101_data):
     assert len(outputs) == 6
     tau0 = outputs[0]["tau"]
     # Only the joint error after the LAST step is scored.
-    loss = (r.q[:, -1] - batch["q"][:, HISTORY + 6]).pow(2).sum()
+    loss = (r.q[:, -1] - batch["q"][:, BEFORE + 6]).pow(2).sum()
     (grad_tau0,) = torch.autograd.grad(loss, tau0, retain_graph=True)
     assert torch.isfinite(grad_tau0).all()
     assert grad_tau0.abs().max() > 1e-8
@@ -210,7 +212,7 @@ def test_gradient_reaches_the_first_rollout_step(so101_data):
     def param_grad(b: dict[str, torch.Tensor]) -> torch.Tensor:
         module.actuator.zero_grad()
         out = module(b)
-        (out.q[:, -1] - b["q"][:, HISTORY + 6]).pow(2).sum().backward()
+        (out.q[:, -1] - b["q"][:, BEFORE + 6]).pow(2).sum().backward()
         return torch.cat([p.grad.flatten() for p in module.actuator.parameters()
                           if p.grad is not None])
 
@@ -271,7 +273,7 @@ class InjectNaN(L.Callback):
 def test_nonfinite_updates_are_skipped_and_counted(so101_data, tmp_path):
     L.seed_everything(0)
     dm = make_dm(so101_data, horizon=4, samples_per_epoch=16)
-    module = make_module(horizon_schedule={0: 4})
+    module = make_module()
     inject = InjectNaN()
     trainer = make_trainer(tmp_path, max_steps=4, callbacks=[inject])
     trainer.fit(module, datamodule=dm)
@@ -296,7 +298,7 @@ def test_omx_gripper_is_scored_in_millimetres(tmp_path):
     data = write_sim_dataset(tmp_path / "omx", "omx", frames=24,
                              splits={"train": 1, "validation": 1})
     dm = make_dm(data, platform="omx", horizon=3, samples_per_epoch=4)
-    module = make_module("omx", horizon_schedule={0: 3})
+    module = make_module("omx")
     assert module.prismatic == [4] and module.revolute == [0, 1, 2, 3]
     trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=1, max_epochs=1)
     trainer.fit(module, datamodule=dm)
@@ -314,27 +316,25 @@ class RecordHorizons(L.Callback):
         self.val: list[int] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.train.append((trainer.current_epoch, batch["q"].shape[1] - HISTORY - 1))
+        self.train.append((trainer.current_epoch, batch["q"].shape[1] - WINDOW))
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
-        self.val.append(batch["q"].shape[1] - HISTORY - 1)
+        self.val.append(batch["q"].shape[1] - BEFORE)
 
 
-def test_curriculum_drives_the_datamodule_and_validation_is_fixed(so101_data, tmp_path):
-    dm = make_dm(so101_data, horizon=4, samples_per_epoch=4)
-    module = make_module(horizon_schedule={0: 2, 1: 3}, val_horizon=5)
+def test_the_curriculum_sets_each_epochs_horizon_and_validation_is_whole_episodes(
+        so101_data, tmp_path):
+    dm = make_dm(so101_data, horizon={0: 2, 1: 3}, samples_per_epoch=4)
     record = RecordHorizons()
     trainer = make_trainer(tmp_path, max_epochs=3, max_steps=-1, limit_val_batches=1,
                            callbacks=[record])
-    trainer.fit(module, datamodule=dm)
+    trainer.fit(make_module(), datamodule=dm)
     assert record.train == [(0, 2), (1, 3), (2, 3)]
-    assert record.val == [5, 5, 5]
-    assert dm.horizon == 3  # the training horizon is back after each validation
+    assert record.val == [48, 48, 48]  # the whole 48-frame validation episode, every epoch
 
 
 def test_resume_continues_the_curriculum(so101_data, tmp_path):
-    """A checkpoint written at epoch 0's validation end (the DataModule state then holds
-    the training or validation horizon, 2 or 5) resumes epoch 1 at its stage's horizon 3."""
+    """A checkpoint written at the end of epoch 0 resumes epoch 1 at its stage's horizon."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     schedule = {0: 2, 1: 3}
@@ -342,19 +342,39 @@ def test_resume_continues_the_curriculum(so101_data, tmp_path):
                             save_on_train_epoch_end=False)
     trainer = make_trainer(tmp_path, max_epochs=1, max_steps=-1, enable_checkpointing=True,
                            limit_val_batches=1, callbacks=[saver])
-    trainer.fit(make_module(horizon_schedule=schedule, val_horizon=5),
-                datamodule=make_dm(so101_data, horizon=4, samples_per_epoch=4))
-    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
-    assert next(v for k, v in saved.items() if "NADDataModule" in k)["horizon"] in (2, 5)
+    trainer.fit(make_module(), datamodule=make_dm(so101_data, horizon=schedule,
+                                                  samples_per_epoch=4))
     record = RecordHorizons()
     trainer = make_trainer(tmp_path, max_epochs=2, max_steps=-1, callbacks=[record])
-    trainer.fit(make_module(horizon_schedule=schedule, val_horizon=5),
-                datamodule=make_dm(so101_data, horizon=4, samples_per_epoch=4),
+    trainer.fit(make_module(), datamodule=make_dm(so101_data, horizon=schedule,
+                                                  samples_per_epoch=4),
                 ckpt_path=tmp_path / "ckpt" / "last.ckpt")
     # Lightning may replay the interrupted epoch's batch (the loader is not resumable);
     # every batch must have its own epoch's horizon, and epoch 1 must run.
     assert all(h == schedule[min(e, 1)] for e, h in record.train), record.train
     assert (1, 3) in record.train
+
+
+def test_validation_scores_whole_episodes_like_eval(so101_data, tmp_path):
+    """`val/joint_mae_deg` is the eval protocol's arm mean over the whole episode."""
+    from nactuator.data import read_dataset
+    from nactuator.eval import metrics as M
+    from nactuator.eval.protocol import rollout as eval_rollout
+    from nactuator.eval.protocol import score_episode
+
+    dm = make_dm(so101_data)
+    module = built(make_module(), dm)
+    module.ema = None  # score the raw weights on both sides
+    batch = next(iter(dm.val_dataloader()))
+    with torch.no_grad():
+        metrics = module.rollout_metrics(module(batch), batch)
+    (episode,) = [e for e in read_dataset(so101_data).episodes if e.split == "validation"]
+    scales, _ = M.channel_scales(["revolute"] * 6)
+    (ro,) = eval_rollout(module.actuator, module.simulator, [episode])
+    scores = score_episode(episode, ro, scales)
+    arm = module.platform.arm_indices
+    expected = np.mean(np.asarray(scores["joints"]["model"]["full"])[arm])
+    assert metrics["joint_mae_deg"].item() == pytest.approx(expected, rel=1e-4)
 
 
 # ------------------------------------------------------------- checkpoints, resume
@@ -365,7 +385,7 @@ def test_checkpoint_bundle_and_resume(so101_data, tmp_path):
 
     L.seed_everything(0)
     dm = make_dm(so101_data, horizon=4)
-    module = make_module(horizon_schedule={0: 4})
+    module = make_module()
     trainer = make_trainer(tmp_path, max_steps=3)
     trainer.fit(module, datamodule=dm)
     ckpt = tmp_path / "run.ckpt"
@@ -383,7 +403,7 @@ def test_checkpoint_bundle_and_resume(so101_data, tmp_path):
         torch.testing.assert_close(actuator.state_dict()[k], v)
 
     # Resume: weights, EMA and optimiser step are restored exactly, then training goes on.
-    resumed = make_module(horizon_schedule={0: 4})
+    resumed = make_module()
     trainer2 = make_trainer(tmp_path, max_steps=3)
     trainer2.fit(resumed, datamodule=make_dm(so101_data, horizon=4), ckpt_path=ckpt)
     assert trainer2.global_step == 3
@@ -425,7 +445,7 @@ def test_trains_on_the_real_so101_recordings(nad_dir, tmp_path):
     data = tmp_path / "so101-real"
     import_nad(nad_dir / "so101", data)
     dm = make_dm(data, horizon=3, samples_per_epoch=8)
-    module = make_module(horizon_schedule={0: 3})
+    module = make_module()
     trainer = make_trainer(tmp_path, max_epochs=1, max_steps=-1, limit_val_batches=2)
     trainer.fit(module, datamodule=dm)
     metrics = trainer.callback_metrics
@@ -439,11 +459,10 @@ def test_trains_on_the_real_so101_recordings(nad_dir, tmp_path):
 
 
 def test_horizon_longer_than_every_episode(so101_data, tmp_path):
-    dm = make_dm(so101_data, horizon=4)
-    module = make_module(horizon_schedule={0: 4, 1: 500})
+    dm = make_dm(so101_data, horizon={0: 4, 1: 500})
     trainer = make_trainer(tmp_path, max_epochs=3, max_steps=-1)
-    with pytest.raises(ValueError, match=r"horizon 500 .*does not fit the data.*longest 48"):
-        trainer.fit(module, datamodule=dm)
+    with pytest.raises(ValueError, match=r"horizon \+ 1 = 501 frames.*longest 48"):
+        trainer.fit(make_module(), datamodule=dm)  # refused before the first step
 
 
 def test_dataset_missing_a_feature_the_model_needs(tmp_path):
@@ -461,15 +480,15 @@ def test_dataset_missing_a_feature_the_model_needs(tmp_path):
                            "temperature": np.full((T, n), np.nan)}, task="hold", split=split)
     dm = make_dm(root, platform="franka", horizon=4)
     with pytest.raises(ValueError, match=r"franka.*'voltage'.*\['telemetry'\]"):
-        make_trainer(tmp_path).fit(make_module("franka", horizon_schedule={0: 4}),
+        make_trainer(tmp_path).fit(make_module("franka"),
                                    datamodule=dm)
     free = make_module("franka", features=["command", "state", "error"])
     free.check_dataset(make_dm(root, platform="franka", horizon=4))  # nothing missing
 
 
 def test_module_and_data_must_agree(so101_data, tmp_path):
-    with pytest.raises(ValueError, match="history"):
-        make_trainer(tmp_path).fit(make_module(history=4),
+    with pytest.raises(ValueError, match="window_length"):
+        make_trainer(tmp_path).fit(make_module(window_length=4),
                                    datamodule=make_dm(so101_data, horizon=4))
     with pytest.raises(ValueError, match="arch"):
         make_module(arch="cnn")

@@ -31,7 +31,7 @@ def tiny_args(out: Path) -> list[str]:
     """One epoch of two batches, one validation batch, outputs under ``out``."""
     return [
         "--data.samples_per_epoch=8", "--data.batch_size=4",
-        "--model.horizon_schedule={0: 4}", "--model.val_horizon=8", "--trainer.max_epochs=1",
+        "--data.horizon={0: 4}", "--trainer.max_epochs=1",
         "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1",
         "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={out}",
     ]
@@ -144,17 +144,16 @@ def test_ddp_two_nodes_on_loopback(data, tmp_path):
     assert len(list((tmp_path / "node0").rglob("last.ckpt"))) == 1
 
 
-def test_default_dataset_is_generated_once_and_cached(tmp_path, monkeypatch):
+def test_default_dataset_is_generated_once_and_cached(tmp_path):
     from nactuator.data import read_dataset
-    from nactuator.training.cli import default_dataset
+    from nactuator.data.defaults import default_dataset
 
-    monkeypatch.setenv("NACTUATOR_CACHE", str(tmp_path))
-    first = default_dataset("pendulum")
+    first = default_dataset("pendulum", tmp_path / "datasets")
     assert first.parent == tmp_path / "datasets" and first.name.startswith("pendulum-default-")
     ds = read_dataset(first)
     assert ds.platform == "pendulum"
     assert {e.split for e in ds.episodes} == {"train", "validation", "test"}
     stamp = (first / "meta" / "info.json").stat().st_mtime_ns
-    assert default_dataset("pendulum") == first  # reused, not regenerated
+    assert default_dataset("pendulum", tmp_path / "datasets") == first  # reused
     assert (first / "meta" / "info.json").stat().st_mtime_ns == stamp
     assert not [p for p in (tmp_path / "datasets").iterdir() if p.name.startswith(".")]

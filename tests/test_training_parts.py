@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from nactuator.training.curriculum import HorizonCurriculum
+from nactuator.data.curriculum import HorizonCurriculum
 from nactuator.training.ema import EMA
 from nactuator.training.losses import (
     LossWeights,

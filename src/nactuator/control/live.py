@@ -7,10 +7,10 @@ summarises. The arm is not moved: every cycle commands the goal each servo held 
 loop started, and torque is left as it was (a passive arm still gives forces from its
 telemetry; a holding arm gives the paper's setting).
 
-Window rules: before L frames exist the missing frames are flagged as padding (Contract
-2 `pad`, as in training; ``warm`` is 0 on those rows); a motor whose telemetry was not
-read this cycle keeps its last valid values *in the model input only* (the row says
-``valid = 0``).
+Window rules (:class:`nactuator.rollout.StreamingWindow`, the window training and
+``infer`` use): before L frames exist the missing frames are zeros flagged as padding
+(``warm`` is 0 on those rows); a motor whose telemetry was not read this cycle keeps its
+last valid values *in the model input only* (the row says ``valid = 0``).
 """
 
 from __future__ import annotations
@@ -30,57 +30,18 @@ from nactuator.hardware.bus import TelemetryBus, TelemetryFrame, open_bus
 from nactuator.hardware.timing import sleep_until
 from nactuator.models import load_actuator
 from nactuator.platforms import Platform, load_platform
+from nactuator.rollout import StreamingWindow
 
-__all__ = ["CausalWindow", "LiveLoop", "run_live", "summarize_timings"]
+__all__ = ["LiveLoop", "hold_last_valid", "run_live", "summarize_timings"]
 
 
-class CausalWindow:
-    """The last L frames of the actuator's input channels, as ready-to-use tensors.
-
-    One (K, L, n) float32 array holds all K channels; on the CPU the tensors handed to the
-    model are views of it, so a cycle copies nothing but the new row.
-    """
-
-    def __init__(self, keys: list[str], history: int, n: int, device: str = "cpu") -> None:
-        self.keys, self.L, self.n = list(keys), history, n
-        self.data = np.zeros((len(self.keys), history, n), dtype=np.float32)
-        self.last_valid = np.full((len(self.keys), n), np.nan, dtype=np.float32)
-        self.count = 0
-        self.device = torch.device(device)
-        shared = torch.from_numpy(self.data)
-        self._tensor = shared if self.device.type == "cpu" else shared.to(self.device)
-        self._shared = shared
-        self._views = {k: self._tensor[i : i + 1] for i, k in enumerate(self.keys)}
-        self._pad = torch.ones(1, history, dtype=torch.bool, device=self.device)
-        self._views["pad"] = self._pad
-
-    @property
-    def buf(self) -> dict[str, np.ndarray]:
-        return {k: self.data[i] for i, k in enumerate(self.keys)}
-
-    def push(self, values: dict[str, np.ndarray], valid: np.ndarray) -> None:
-        row = np.stack([np.asarray(values[k], dtype=np.float32) for k in self.keys])
-        # A motor not read this cycle carries its last reading (0 if it never had one).
-        keep = valid[None, :] & np.isfinite(row)
-        self.last_valid = np.where(keep, row, self.last_valid)
-        row = np.nan_to_num(self.last_valid, nan=0.0)
-        if self.count == 0:
-            self.data[:] = row[:, None, :]  # pad the window with the first frame
-        else:
-            self.data[:, :-1] = self.data[:, 1:]
-            self.data[:, -1] = row
-        self.count += 1
-        if self.count <= self.L:  # frames not yet seen are padding, the newest are real
-            self._pad[0, self.L - self.count :] = False
-
-    @property
-    def warm(self) -> bool:
-        return self.count >= self.L
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        if self._tensor is not self._shared:
-            self._tensor.copy_(self._shared, non_blocking=True)
-        return self._views
+def hold_last_valid(held: dict[str, np.ndarray], values: dict[str, np.ndarray],
+                    valid: np.ndarray) -> None:
+    """Update ``held[key]`` (n,) in place with the motors read this cycle (``valid`` and
+    finite); a motor not read keeps its last reading (NaN, read as 0, until it has one)."""
+    for key, last in held.items():
+        fresh = np.asarray(values[key], dtype=np.float32)
+        np.copyto(last, fresh, where=valid & np.isfinite(fresh))
 
 
 class LiveLoop:
@@ -90,7 +51,10 @@ class LiveLoop:
                  q_hold: np.ndarray, device: str = "cpu") -> None:
         self.actuator, self.bus, self.platform = actuator, bus, platform
         self.q_cmd = np.asarray(q_hold, dtype=float)
-        self.window = CausalWindow(actuator.inputs, actuator.history, platform.n, device)
+        self.window = StreamingWindow(actuator.inputs, actuator.window_length, platform.n,
+                                      device)
+        # The last valid reading of each input channel per motor (NaN until one exists).
+        self.held = {k: np.full(platform.n, np.nan, dtype=np.float32) for k in actuator.inputs}
         self.t0: float | None = None  # time of the first frame; rows carry t - t0
         names = platform.channel_names
         self.columns = (["t", "fx", "fy", "fz", "gate"] + [f"condition_{c}" for c in names]
@@ -103,7 +67,8 @@ class LiveLoop:
         t1 = time.perf_counter()
         values = {"q_cmd": self.q_cmd, "q": frame.q, "qd": frame.qd, "effort": frame.effort,
                   "voltage": frame.voltage, "temperature": frame.temperature}
-        self.window.push(values, frame.valid)
+        hold_last_valid(self.held, values, frame.valid)
+        self.window.push(self.held)
         with torch.inference_mode():
             out = self.actuator(self.window.tensors())
         force = out["force"][0].cpu().numpy()

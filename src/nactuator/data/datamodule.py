@@ -1,14 +1,19 @@
-"""``NADDataModule``: rollout segments (Contract 2) and 9-frame windows from NAD shards.
+"""``NADDataModule``: rollout segments and whole episodes (Contract 2) from NAD shards.
 
 All datasets are loaded once into one packed float32 table (rows = frames, columns = every
-channel the batch needs). Each episode is preceded by ``history`` all-zero rows flagged as
-padding, so the window ending at an episode's first frame is zero-padded and no window can
-ever reach into the previous episode. A batch is then a single vectorised gather::
+channel the batch needs). Each episode is preceded by ``window_length - 1`` all-zero rows
+flagged as padding, so the window ending at an episode's first frame is zero-padded and no
+window can ever reach into the previous episode. A batch is then a single vectorised gather::
 
     rows = first_row_of_segment[:, None] + arange(T)     # (B, T)
     batch = packed[rows]                                 # (B, T, C) -> split into keys
 
-so serving costs one ``index_select`` per batch, with no per-sample Python.
+so serving costs one ``take`` per batch, with no per-sample Python.
+
+Training batches are segments of H + 1 frames after L - 1 frames of context; H (the
+rollout horizon) follows the curriculum ``horizon`` ({first epoch: H}), read once per epoch
+when Lightning asks for the train loader: the DataModule is the one owner of H. Validation
+and test batches are whole episodes from frame 0 to their end, for the evaluation protocol.
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from nactuator.data.curriculum import HorizonCurriculum
 from nactuator.data.format import SPLITS, DataFormatError, read_dataset
 from nactuator.data.stats import median_within_episodes, norm_stats
 from nactuator.platforms import Platform, load_platform
+from nactuator.rollout import WINDOW_LENGTH
 
 __all__ = ["EpisodeInfo", "NADDataModule"]
 
@@ -46,6 +53,7 @@ _CHANNELS = (
     ("pad", "1"),
 )
 _BOOL_KEYS = ("force_valid", "condition_valid", "pad")
+_MODEL_INPUTS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature")
 
 
 @dataclass(frozen=True)
@@ -70,49 +78,43 @@ def _as_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     return out
 
 
-class _Batches(IterableDataset):
-    """Yields whole batches; draws a fresh seeded permutation every pass (epoch)."""
+class _Segments(IterableDataset):
+    """One epoch of training segments at that epoch's horizon, in a seeded random order."""
 
-    def __init__(self, dm: NADDataModule, split: str, shuffle: bool) -> None:
-        self.dm, self.split, self.shuffle = dm, split, shuffle
-        self.epoch = 0
-
-    @property
-    def batch_size(self) -> int:
-        return self.dm.batch_size if self.shuffle else self.dm.eval_batch_size
+    def __init__(self, dm: NADDataModule) -> None:
+        self.dm = dm
 
     def __len__(self) -> int:
-        n = self.dm._num_samples(self.split, self.shuffle)
-        return math.ceil(n / self.batch_size)
+        return math.ceil(self.dm._num_train_samples() / self.dm.batch_size)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         dm = self.dm
-        rng = np.random.default_rng([dm.seed, self.epoch])
-        self.epoch += 1
-        served, pos, horizon = 0, 0, None
-        while True:
-            if dm.horizon != horizon:  # first batch, or the curriculum moved on: re-plan
-                horizon = dm.horizon
-                starts = dm._segment_rows(self.split, self.shuffle)
-                order = self._order(rng, len(starts))
-                total = dm._num_samples(self.split, self.shuffle)
-                order = order[served:] if not self.shuffle else order[: max(total - served, 0)]
-                pos = 0
-            if pos >= len(order):
-                return
-            take = order[pos : pos + self.batch_size]
-            pos += len(take)
-            served += len(take)
-            yield dm._gather(starts[take], horizon)
+        horizon = dm.horizon  # fixed for the whole epoch
+        starts = dm._segment_rows(horizon)
+        rng = np.random.default_rng([dm.seed + dm._rank(), dm._epoch()])
+        if dm.samples_per_epoch is None:
+            order = rng.permutation(len(starts))
+        else:
+            order = rng.integers(0, len(starts), size=dm.samples_per_epoch)
+        for pos in range(0, len(order), dm.batch_size):
+            yield dm._gather(starts[order[pos : pos + dm.batch_size]], horizon)
 
-    def _order(self, rng: np.random.Generator, n_starts: int) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(n_starts)
-        if self.dm.samples_per_epoch is None:
-            return rng.permutation(n_starts)
-        if n_starts == 0:
-            return np.zeros(0, np.int64)
-        return rng.integers(0, n_starts, size=self.dm.samples_per_epoch)
+
+class _Episodes(IterableDataset):
+    """Whole episodes of a split, longest first, ``eval_batch_size`` episodes per batch."""
+
+    def __init__(self, dm: NADDataModule, split: str) -> None:
+        self.dm, self.split = dm, split
+        ids = np.flatnonzero(dm._split_of == split)
+        self.ids = ids[np.argsort(-dm._lengths[ids], kind="stable")]
+        self.size = dm.eval_batch_size or max(len(self.ids), 1)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.ids) / self.size)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for pos in range(0, len(self.ids), self.size):
+            yield self.dm._whole_episodes(self.ids[pos : pos + self.size])
 
 
 class NADDataModule(L.LightningDataModule):
@@ -121,24 +123,26 @@ class NADDataModule(L.LightningDataModule):
     Args:
         paths: dataset folder(s): a list, or one string with comma-separated paths.
         platform: platform name (``conf/platform/<name>.yaml``) or a :class:`Platform`.
-        history: frames of history before each window's current frame (8 -> 9-frame window).
-        horizon: rollout steps H per segment; a segment has ``history + H + 1`` frames.
-        batch_size: segments per batch.
+        window_length: frames per model input window (L = 9: the current frame and the
+            L - 1 before it); must match the model's.
+        horizon: rollout steps H per training segment (a segment has L + H frames), or a
+            curriculum ``{first_epoch: H}`` (e.g. ``{0: 16, 5: 64}``).
+        batch_size: training segments per batch.
         samples_per_epoch: training segments drawn (with replacement) per epoch; ``None``
             draws every valid start once, in a seeded random order.
-        seed: seeds the training order (epoch e uses ``default_rng([seed, e])``).
+        seed: seeds the training order (epoch e uses ``default_rng([seed + rank, e])``).
         temperature_median: odd window (frames) of the running median applied to
             temperature before use; removes telemetry glitches (single frames and bursts of
             up to window // 2 frames). 1 serves the raw values.
-        eval_batch_size: segments per validation/test batch (default: ``batch_size``).
+        eval_batch_size: whole episodes per validation/test batch (default: all of them).
     """
 
     def __init__(
         self,
         paths: str | Path | Sequence[str | Path],
         platform: str | Platform,
-        history: int = 8,
-        horizon: int = 128,
+        window_length: int = WINDOW_LENGTH,
+        horizon: int | dict[int, int] = 128,
         batch_size: int = 16,
         samples_per_epoch: int | None = None,
         seed: int = 0,
@@ -152,35 +156,36 @@ class NADDataModule(L.LightningDataModule):
         self.save_hyperparameters(ignore=["paths", "platform"])
         self.hparams["paths"] = [str(p) for p in self.paths]
         self.hparams["platform"] = self.platform.name
-        if history < 0:
-            raise ValueError(f"history must be >= 0, got {history}")
+        if not isinstance(window_length, int) or window_length < 1:
+            raise ValueError(f"window_length must be an integer >= 1, got {window_length!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if samples_per_epoch is not None and samples_per_epoch < 1:
             raise ValueError(f"samples_per_epoch must be >= 1 or None, got {samples_per_epoch}")
-        self.history = int(history)
+        if eval_batch_size is not None and eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size must be >= 1 or None, got {eval_batch_size}")
+        self.window_length = int(window_length)
+        self._before = self.window_length - 1  # context frames before a segment's start
+        self.curriculum = HorizonCurriculum(horizon if isinstance(horizon, dict) else {0: horizon})
         self.batch_size = int(batch_size)
-        self.eval_batch_size = int(eval_batch_size or batch_size)
+        self.eval_batch_size = eval_batch_size
         self.samples_per_epoch = samples_per_epoch
         self.seed = int(seed)
         if temperature_median < 1 or temperature_median % 2 == 0:
             raise ValueError(f"temperature_median must be a positive odd number of frames, "
                              f"got {temperature_median}")
         self.temperature_median = int(temperature_median)
-        self.horizon = self._check_horizon(horizon)
+        self.epoch = 0  # the epoch used when no Trainer is attached
         self._loaded = False
-        self._warned: set[tuple[str, int]] = set()
-        self._segments: dict[tuple[str, int, bool], np.ndarray] = {}
-        self._frame_rows: dict[str, np.ndarray] = {}
-        self._train_batches: _Batches | None = None
+        self._warned: set[int] = set()
+        self._segments: dict[int, np.ndarray] = {}
 
     # -- public API ------------------------------------------------------------------
 
-    def set_horizon(self, horizon: int) -> None:
-        """Change the rollout length H (curriculum). Takes effect from the next batch drawn."""
-        self.horizon = self._check_horizon(horizon)
-        if self._loaded:
-            self._segment_rows("train", True)  # fail now, not mid-epoch, if nothing fits
+    @property
+    def horizon(self) -> int:
+        """The rollout horizon H of the current epoch's training segments."""
+        return self.curriculum.horizon_at(self._epoch())
 
     @property
     def norm_stats(self) -> dict[str, dict[str, list]]:
@@ -199,60 +204,51 @@ class NADDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         self._load()
+        if stage == "fit" and self._trainer_attached():
+            # The segment count, hence the loader's length, can change with the horizon and
+            # the sampling order changes every epoch: rebuild the train loader each epoch.
+            self.trainer.reload_dataloaders_every_n_epochs = 1
+            for epoch, _ in self.curriculum.stages:  # fail now, not at epoch `epoch`
+                self._segment_rows(self.curriculum.horizon_at(epoch))
 
     def train_dataloader(self) -> DataLoader:
         self._load()
-        self._segment_rows("train", True)
-        if self._train_batches is None:
-            self._train_batches = _Batches(self, "train", shuffle=True)
-        return DataLoader(self._train_batches, batch_size=None)
+        self._segment_rows(self.horizon)
+        return DataLoader(_Segments(self), batch_size=None)
 
     def val_dataloader(self) -> DataLoader:
-        return self._eval_loader("validation")
+        return self._episode_loader("validation")
 
     def test_dataloader(self) -> DataLoader:
-        return self._eval_loader("test")
+        return self._episode_loader("test")
 
-    def windows(self, split: str) -> dict[str, torch.Tensor]:
-        """Every 9-frame window (``history + 1`` frames) ending at every frame of ``split``.
+    def unrecorded_channels(self) -> dict[str, dict[str, list[str]]]:
+        """Per dataset path: ``{key: [channel, ...]}`` of model inputs that dataset never
+        recorded (stored as NaN, served as 0), e.g. Franka's voltage."""
+        self._load()
+        return self._unrecorded
 
-        Returns the batch keys with shape (N, history + 1, ...) plus ``episode_index`` and
-        ``frame`` (N,): window i ends at frame ``frame[i]`` of that episode. Built with one
-        gather, for force-only training/inference.
-        """
+    def split_episodes(self, split: str) -> dict[str, torch.Tensor]:
+        """Every episode of ``split`` as one whole-episode batch (what validation serves)."""
         self._load()
         self._check_split(split)
-        ends = self._split_frame_rows(split)
-        rows = ends[:, None] - self.history + np.arange(self.history + 1)
-        out = self._take(rows)
-        out["episode_index"] = torch.from_numpy(self._row_episode[ends])
-        out["frame"] = torch.from_numpy(ends - self._row_first[ends])
-        return out
-
-    def window_batch(self, split: str, index: np.ndarray) -> dict[str, torch.Tensor]:
-        """Windows ending at the given positions of :meth:`windows`' order (a fast batch)."""
-        self._load()
-        ends = self._split_frame_rows(split)[np.asarray(index)]
-        rows = ends[:, None] - self.history + np.arange(self.history + 1)
-        return self._take(rows)
-
-    def state_dict(self) -> dict:
-        epoch = self._train_batches.epoch if self._train_batches else 0
-        return {"horizon": self.horizon, "epoch": epoch, "seed": self.seed}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.horizon = self._check_horizon(state.get("horizon", self.horizon))
-        self.seed = int(state.get("seed", self.seed))
-        if self._train_batches is None:
-            self._train_batches = _Batches(self, "train", shuffle=True)
-        self._train_batches.epoch = int(state.get("epoch", 0))
+        return self._whole_episodes(np.flatnonzero(self._split_of == split))
 
     # -- loading ---------------------------------------------------------------------
 
-    def _check_horizon(self, horizon: int) -> int:
-        if not isinstance(horizon, int | np.integer) or horizon < 1:
-            raise ValueError(f"horizon must be a positive integer, got {horizon!r}")
-        return int(horizon)
+    def _trainer_attached(self) -> bool:
+        try:
+            return self.trainer is not None
+        except RuntimeError:
+            return False
+
+    def _epoch(self) -> int:
+        return int(self.trainer.current_epoch) if self._trainer_attached() else self.epoch
+
+    def _rank(self) -> int:
+        # The train loader is an IterableDataset, which Lightning cannot shard with a
+        # DistributedSampler: each DDP rank draws its own stream (samples_per_epoch each).
+        return int(self.trainer.global_rank) if self._trainer_attached() else 0
 
     def _check_split(self, split: str) -> None:
         if split not in SPLITS:
@@ -262,7 +258,7 @@ class NADDataModule(L.LightningDataModule):
         if self._loaded:
             return
         p = self.platform
-        n, hist = p.n, self.history
+        n, hist = p.n, self._before
         datasets = []
         for path in self.paths:
             ds = read_dataset(path)
@@ -278,13 +274,20 @@ class NADDataModule(L.LightningDataModule):
                 )
             datasets.append(ds)
         episodes, parts = [], []
+        self._unrecorded: dict[str, dict[str, list[str]]] = {}
         for ds in datasets:
+            recorded = {k: np.zeros(n, bool) for k in _MODEL_INPUTS}
             for e in ds.episodes:
                 episodes.append(
                     EpisodeInfo(len(episodes), str(ds.root), e.index, e.task, e.split,
                                 e.length, e.payload_mass)
                 )
                 parts.append(e.frames)
+                for key in _MODEL_INPUTS:
+                    recorded[key] |= np.isfinite(e.frames[key]).any(axis=0)
+            self._unrecorded[str(ds.root)] = {
+                key: [c for c, ok in zip(p.channel_names, seen, strict=True) if not ok]
+                for key, seen in recorded.items() if not seen.all()}
         if not episodes:
             raise DataFormatError(f"no episodes in {[str(x) for x in self.paths]}")
 
@@ -306,7 +309,7 @@ class NADDataModule(L.LightningDataModule):
                           stacklevel=2)
         self._norm_stats = norm_stats(frames, train_rows)
 
-        # Packed table: each episode preceded by `history` zero rows with pad = 1.
+        # Packed table: each episode preceded by `window_length - 1` zero rows with pad = 1.
         widths = {"n": n, "3": 3, "1": 1}
         self._slices: dict[str, slice] = {}
         col = 0
@@ -357,67 +360,40 @@ class NADDataModule(L.LightningDataModule):
 
     # -- segments and gathering ------------------------------------------------------
 
-    def _usable(self, split: str) -> np.ndarray:
-        """Episode ids of ``split`` long enough for the current horizon (warns on the rest)."""
-        H = self.horizon
-        in_split = np.flatnonzero(self._split_of == split)
-        short = in_split[self._lengths[in_split] < H + 1]
-        if len(short) and (split, H) not in self._warned:
-            self._warned.add((split, H))
-            names = ", ".join(
-                f"{self._episodes[i].task}#{self._episodes[i].dataset_episode}"
-                f" ({self._lengths[i]} frames)" for i in short[:5]
-            )
-            warnings.warn(
-                f"NADDataModule: skipping {len(short)} {split} episode(s) shorter than "
-                f"horizon + 1 = {H + 1} frames: {names}{' ...' if len(short) > 5 else ''}",
-                stacklevel=3,
-            )
-        usable = in_split[self._lengths[in_split] >= H + 1]
-        if len(usable) == 0 and split == "train":
-            longest = int(self._lengths[in_split].max()) if len(in_split) else 0
-            raise DataFormatError(
-                f"NADDataModule: no train episode has horizon + 1 = {H + 1} frames "
-                f"({len(in_split)} train episodes, longest {longest} frames); "
-                "lower the horizon or add longer episodes"
-            )
-        return usable
-
-    def _segment_rows(self, split: str, random_starts: bool) -> np.ndarray:
-        """Packed row of frame 0 of each segment, i.e. of frame ``s - history``.
-
-        Training: every start s in [0, L - H - 1]. Validation/test: starts 0, H, 2H, ...
-        (segments tiling the episode; a tail shorter than H + 1 frames is not scored).
-        """
+    def _segment_rows(self, horizon: int) -> np.ndarray:
+        """Packed row of the first context frame (frame ``s - (L - 1)``) of every training
+        segment: each start ``s`` in ``[0, length - H - 1]`` of each train episode long
+        enough for ``horizon`` (cached per horizon; warns once about the short ones)."""
         self._load()
-        H = self.horizon
-        cached = self._segments.get((split, H, random_starts))
+        cached = self._segments.get(horizon)
         if cached is not None:
             return cached
-        rows = []
-        for e in self._usable(split):
-            n_starts = int(self._lengths[e]) - H
-            step = 1 if random_starts else H
-            s = np.arange(0, n_starts, step)
-            rows.append(self._first[e] + s - self.history)
-        out = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-        self._segments[(split, H, random_starts)] = out
+        train = np.flatnonzero(self._split_of == "train")
+        short = train[self._lengths[train] < horizon + 1]
+        usable = train[self._lengths[train] >= horizon + 1]
+        if len(usable) == 0:
+            longest = int(self._lengths[train].max()) if len(train) else 0
+            raise DataFormatError(
+                f"NADDataModule: no train episode has horizon + 1 = {horizon + 1} frames "
+                f"({len(train)} train episodes, longest {longest} frames); "
+                "lower the horizon or add longer episodes")
+        if len(short) and horizon not in self._warned:
+            self._warned.add(horizon)
+            names = ", ".join(f"{self._episodes[i].task}#{self._episodes[i].dataset_episode}"
+                              f" ({self._lengths[i]} frames)" for i in short[:5])
+            warnings.warn(
+                f"NADDataModule: skipping {len(short)} train episode(s) shorter than "
+                f"horizon + 1 = {horizon + 1} frames: {names}{' ...' if len(short) > 5 else ''}",
+                stacklevel=3)
+        out = np.concatenate([self._first[e] + np.arange(self._lengths[e] - horizon) - self._before
+                              for e in usable])
+        self._segments[horizon] = out
         return out
 
-    def _num_samples(self, split: str, shuffle: bool) -> int:
-        if shuffle and self.samples_per_epoch is not None:
+    def _num_train_samples(self) -> int:
+        if self.samples_per_epoch is not None:
             return self.samples_per_epoch
-        return len(self._segment_rows(split, shuffle))
-
-    def _split_frame_rows(self, split: str) -> np.ndarray:
-        """Packed rows of every real frame of ``split``, in episode order (cached)."""
-        rows = self._frame_rows.get(split)
-        if rows is None:
-            ids = np.flatnonzero(self._split_of == split)
-            parts = [np.arange(self._first[e], self._first[e] + self._lengths[e]) for e in ids]
-            rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-            self._frame_rows[split] = rows
-        return rows
+        return len(self._segment_rows(self.horizon))
 
     def _take(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
         # numpy's take is single-threaded and ~2x faster here than torch.index_select,
@@ -434,15 +410,28 @@ class NADDataModule(L.LightningDataModule):
         return out
 
     def _gather(self, seg_rows: np.ndarray, horizon: int) -> dict[str, torch.Tensor]:
-        T = self.history + horizon + 1
-        rows = seg_rows[:, None] + np.arange(T)
+        rows = seg_rows[:, None] + np.arange(self.window_length + horizon)
         batch = self._take(rows)
-        current = seg_rows + self.history  # packed row of frame s
+        current = seg_rows + self._before  # packed row of frame s
         batch["episode_index"] = torch.from_numpy(self._row_episode[current])
         batch["start"] = torch.from_numpy(current - self._row_first[current])
         return batch
 
-    def _eval_loader(self, split: str) -> DataLoader:
+    def _whole_episodes(self, ids: np.ndarray) -> dict[str, torch.Tensor]:
+        """Episodes ``ids`` from frame 0 to their end: the L - 1 padding rows, then every
+        frame; shorter episodes repeat their last frame (``length`` says where each ends)."""
+        lengths = self._lengths[ids]
+        span = self._before + int(lengths.max(initial=1))
+        offsets = np.arange(span)
+        first = self._first[ids] - self._before
+        last = self._first[ids] + lengths - 1
+        rows = np.minimum(first[:, None] + offsets, last[:, None])
+        batch = self._take(rows)
+        batch["episode_index"] = torch.from_numpy(np.asarray(ids, dtype=np.int64))
+        batch["start"] = torch.zeros(len(ids), dtype=torch.int64)
+        batch["length"] = torch.from_numpy(lengths.astype(np.int64))
+        return batch
+
+    def _episode_loader(self, split: str) -> DataLoader:
         self._load()
-        self._usable(split)  # warn about short episodes once
-        return DataLoader(_Batches(self, split, shuffle=False), batch_size=None)
+        return DataLoader(_Episodes(self, split), batch_size=None)

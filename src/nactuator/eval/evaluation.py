@@ -86,7 +86,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     scales, units = M.channel_scales([c.kind for c in platform.channels])
     sim = Simulator(platform, device=device)
     # Every episode of the split in one batch (eval mode, no autograd: deterministic).
-    rollouts = rollout(actuator, sim, episodes, history=actuator.history - 1, device=device)
+    rollouts = rollout(actuator, sim, episodes, device=device)
 
     paths = split_paths(data)
     per_episode = []

@@ -1,7 +1,8 @@
 """``infer``: the deployment path — force, contact gate and condition from telemetry alone.
 
 No simulator: every frame's window is the *recorded* commands, state and telemetry of the
-last L frames (zero history before the episode start, as in training), so each estimate
+last L frames (:func:`nactuator.rollout.causal_windows`: zero-padded before the episode
+start, as in training), so each estimate
 uses only what a live robot would have seen up to that frame. All windows of all episodes
 go through the network in large batches.
 """
@@ -32,24 +33,11 @@ from nactuator.eval.episodes import (
 )
 from nactuator.models import load_actuator
 from nactuator.platforms import load_platform
+from nactuator.rollout import causal_windows
 
-__all__ = ["BATCH_SIZE", "causal_windows", "infer", "predict_episodes"]
+__all__ = ["BATCH_SIZE", "infer", "predict_episodes"]
 
 BATCH_SIZE = 4096  # windows per forward pass; ~1-2 MB of input, fast on any CPU
-
-
-def causal_windows(ep: Episode, keys: Sequence[str], length: int) -> dict[str, torch.Tensor]:
-    """(T, L, n) window per frame of ``ep``: frames t-L+1..t, zeros before frame 0, which
-    ``pad`` (T, L) flags as training does (Contract 2)."""
-    frame = torch.arange(ep.length).unsqueeze(1) - (length - 1) + torch.arange(length)
-    windows = {"pad": frame < 0}
-    for key in keys:
-        arr = np.nan_to_num(np.asarray(ep.frames[key], dtype=np.float32), nan=0.0)
-        padded = torch.from_numpy(
-            np.concatenate([np.zeros((length - 1, arr.shape[1]), np.float32), arr]))
-        # unfold -> (T, n, L); the window axis goes second as in (B, L, n).
-        windows[key] = padded.unfold(0, length, 1).permute(0, 2, 1)
-    return windows
 
 
 def predict_episodes(actuator, episodes: Sequence[Episode],
@@ -71,7 +59,7 @@ def _predict(actuator, episodes: Sequence[Episode],
              batch_size: int) -> list[dict[str, np.ndarray]]:
     keys = list(actuator.inputs)
     check_inputs(episodes, keys)
-    per_ep = [causal_windows(ep, keys, actuator.history) for ep in episodes]
+    per_ep = [causal_windows(ep.frames, keys, actuator.window_length) for ep in episodes]
     stacked = {k: torch.cat([w[k] for w in per_ep]) for k in [*keys, "pad"]}
     total = stacked[keys[0]].shape[0]
     device = next(actuator.parameters()).device

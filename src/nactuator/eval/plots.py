@@ -12,7 +12,8 @@ from matplotlib.figure import Figure
 from nactuator.atomic import atomic_path
 from nactuator.data import Episode
 from nactuator.eval.episodes import force_labels
-from nactuator.eval.protocol import FORCE_LABEL_OFFSET, Rollout
+from nactuator.eval.protocol import FORCE_LABEL_OFFSET
+from nactuator.rollout import Rollout
 
 __all__ = ["plot_force", "plot_joints"]
 

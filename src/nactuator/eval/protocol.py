@@ -1,10 +1,11 @@
 """The published evaluation protocol (nad-format.md §8.2): one open-loop rollout per episode.
 
 For every episode: the simulator starts at q = q[0] (the recorded position), qd = 0, with a
-zero-padded history. Step i builds the model's window from the recorded commands and
-telemetry of frames i-h..i, with the state slots (q, qd; the error follows from them)
-replaced by the *simulated* states, feeds the predicted effort through one simulator step
-and compares the simulated q with the recorded q[i+1]. Nothing is ever reset to the
+zero-padded window. Step i builds the model's window ending at frame i from the recorded
+commands and telemetry, with the state slots (q, qd; the error follows from them) replaced
+by the *simulated* states, feeds the predicted effort through one simulator step and
+compares the simulated q with the recorded q[i+1] (:mod:`nactuator.rollout`, the same
+rollout training runs). Nothing is ever reset to the
 recording, so errors accumulate exactly as they would when the model drives a simulation.
 
 All episodes of a split roll out together as one batch.
@@ -13,7 +14,6 @@ All episodes of a split roll out together as one batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,26 +27,14 @@ from nactuator.eval.episodes import (
     is_no_contact,
 )
 from nactuator.eval.references import LinearForceReference, command_following
+from nactuator.rollout import STATE_KEYS, Rollout, closed_loop_rollout, episode_block
 
-__all__ = ["FORCE_LABEL_OFFSET", "Rollout", "model_inputs", "rollout", "score_episode"]
+__all__ = ["FORCE_LABEL_OFFSET", "model_inputs", "rollout", "score_episode"]
 
 # Step i (window ending at frame i) is scored against frame i + 1 for the joints (the
 # protocol); its force, gate and condition describe the window's current frame i, exactly
 # as training supervises them (training/losses.py), so they are scored against frame i.
 FORCE_LABEL_OFFSET = 0
-STATE_KEYS = ("q", "qd")
-
-
-@dataclass
-class Rollout:
-    """One episode's open-loop rollout. Step arrays are (T-1, ...): step i -> frame i+1."""
-
-    q: np.ndarray  # (T, n) simulated positions, q[0] = recorded q[0]
-    qd: np.ndarray  # (T, n)
-    tau: np.ndarray  # (T-1, n) predicted effort (the simulator clips it to the bounds)
-    force: np.ndarray  # (T-1, 3)
-    gate: np.ndarray  # (T-1,)
-    condition: np.ndarray  # (T-1, n)
 
 
 def model_inputs(actuator) -> tuple[str, ...]:
@@ -57,80 +45,27 @@ def model_inputs(actuator) -> tuple[str, ...]:
     return tuple(need)
 
 
-def _stack(episodes: Sequence[Episode], key: str, length: int, history: int) -> torch.Tensor:
-    """(B, history + length, n) float32: zero history in front; short episodes repeat
-    their last frame, which is harmless because their steps past the end are cut off."""
-    rows = []
-    for ep in episodes:
-        arr = np.nan_to_num(np.asarray(ep.frames[key], dtype=np.float32), nan=0.0)
-        tail = np.repeat(arr[-1:], length - len(arr), axis=0)
-        rows.append(np.concatenate([np.zeros((history, arr.shape[1]), np.float32), arr, tail]))
-    return torch.from_numpy(np.stack(rows))
-
-
-def rollout(actuator, sim, episodes: Sequence[Episode], history: int,
-            device: str = "cpu") -> list[Rollout]:
-    """Open-loop rollouts of all ``episodes`` at once (see the module docstring).
+def rollout(actuator, sim, episodes: Sequence[Episode], device: str = "cpu") -> list[Rollout]:
+    """Open-loop rollouts of all ``episodes`` at once (see the module docstring), one
+    per-episode :class:`~nactuator.rollout.Rollout` of numpy arrays each.
 
     The actuator runs in eval mode (no dropout) and without autograd; its mode is restored.
     """
+    keys = model_inputs(actuator)
+    check_inputs(episodes, keys, simulated=STATE_KEYS)
+    block = episode_block([ep.frames for ep in episodes], keys, actuator.window_length)
+    block = {k: v.to(device) for k, v in block.items()}
+    start = actuator.window_length - 1
+    q0 = block["q"][:, start]
     was_training = actuator.training
     actuator.eval()
     try:
         with torch.no_grad():
-            return _rollout(actuator, sim, episodes, history, device)
+            batch = closed_loop_rollout(actuator, sim.step, block, actuator.window_length,
+                                        q0=q0, qd0=torch.zeros_like(q0))
     finally:
         actuator.train(was_training)
-
-
-def _rollout(actuator, sim, episodes: Sequence[Episode], history: int,
-             device: str) -> list[Rollout]:
-    keys = model_inputs(actuator)
-    check_inputs(episodes, keys, simulated=STATE_KEYS)
-    length = max(ep.length for ep in episodes)
-    b = len(episodes)
-    h = history
-    recorded = {k: _stack(episodes, k, length, h).to(device)
-                for k in keys if k not in STATE_KEYS}
-    q0 = _stack(episodes, "q", length, h)[:, h].to(device)
-    n = q0.shape[1]
-    q_sim = torch.zeros(b, h + length, n, device=device)
-    qd_sim = torch.zeros(b, h + length, n, device=device)
-    q_sim[:, h] = q0
-    steps = length - 1
-    tau = torch.zeros(b, steps, n)
-    force = torch.zeros(b, steps, 3)
-    gate = torch.zeros(b, steps)
-    condition = torch.zeros(b, steps, n)
-    # The zero history before frame 0 is flagged exactly as the DataModule flags it in
-    # training (Contract 2 `pad`), so the model sees the same inputs in both.
-    pad = torch.zeros(b, h + length, dtype=torch.bool, device=device)
-    pad[:, :h] = True
-    for i in range(steps):
-        window = {k: v[:, i:i + h + 1] for k, v in recorded.items()}
-        window["q"] = q_sim[:, i:i + h + 1]
-        window["qd"] = qd_sim[:, i:i + h + 1]
-        window["pad"] = pad[:, i:i + h + 1]
-        out = actuator(window)
-        q1, qd1 = sim.step(q_sim[:, h + i], qd_sim[:, h + i], out["tau"])
-        q_sim[:, h + i + 1] = q1
-        qd_sim[:, h + i + 1] = qd1
-        tau[:, i] = out["tau"].float().cpu()
-        force[:, i] = out["force"].float().cpu()
-        gate[:, i] = out["gate"].reshape(b).float().cpu()
-        condition[:, i] = out["condition"].float().cpu()
-    results = []
-    for j, ep in enumerate(episodes):
-        t = ep.length
-        results.append(Rollout(
-            q=q_sim[j, h:h + t].cpu().numpy().astype(np.float64),
-            qd=qd_sim[j, h:h + t].cpu().numpy().astype(np.float64),
-            tau=tau[j, :t - 1].numpy().astype(np.float64),
-            force=force[j, :t - 1].numpy().astype(np.float64),
-            gate=gate[j, :t - 1].numpy().astype(np.float64),
-            condition=condition[j, :t - 1].numpy().astype(np.float64),
-        ))
-    return results
+    return [batch.episode(j, ep.length) for j, ep in enumerate(episodes)]
 
 
 def _force_block(pred: np.ndarray, label: np.ndarray, horizons) -> dict:

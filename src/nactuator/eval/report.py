@@ -95,7 +95,7 @@ def markdown_report(result: Mapping) -> str:
         f"- {result['episodes']} episode(s) in {len(agg['all']['tasks'])} task(s); "
         f"{result['steps']} rollout steps; {result['wall_time_s']:.1f} s on {result['device']}",
         "- protocol: one open-loop rollout per episode from frame 0 (q = recorded q[0], "
-        "qd = 0, zero-padded history; recorded commands/telemetry, simulated state slots); "
+        "qd = 0, zero-padded window; recorded commands/telemetry, simulated state slots); "
         "joints of step i are scored against frame i+1, its force/gate/condition against "
         "frame i (the window's current frame, as in training); MAE @W = mean over the first "
         "W steps; mean over each task's episodes, then over tasks.",

@@ -31,7 +31,7 @@ class ExportableActuator(nn.Module):
         trace runs on ordinary values (seeded; the traced graph does not depend on them)."""
         generator = torch.Generator().manual_seed(0)
         stats = self.actuator.feature_builder.norm_stats()
-        shape = (batch, self.actuator.history, self.actuator.n_motors)
+        shape = (batch, self.actuator.window_length, self.actuator.n_motors)
         inputs = []
         for key in self.input_names:
             noise = torch.randn(shape, generator=generator)

@@ -12,12 +12,21 @@ from nactuator.models.features import DEFAULT_FEATURES, FeatureBuilder
 from nactuator.models.networks import build_model
 
 
+def upgrade_model_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A model config in today's names: checkpoints before 0.2 called the window length
+    ``history`` (it was 9, the window, not the 8 frames before the current one)."""
+    config = dict(config)
+    if "history" in config and "window_length" not in config:
+        config["window_length"] = config.pop("history")
+    return config
+
+
 class NeuralActuator(nn.Module):
     """Window of raw channels (Contract 1 keys, each (B, L, n)) -> head outputs.
 
     ``features`` lists feature groups (``models.FEATURE_GROUPS``; ``DEFAULT_FEATURES`` is
     all four), ``norm_stats`` is the DataModule's ``{key: {"mean": [n], "std": [n]}}``,
-    ``model_config`` is ``{"arch": ..., "history": 9, **sizes}`` (``conf/model/*.yaml``;
+    ``model_config`` is ``{"arch": ..., "window_length": 9, **sizes}`` (``conf/model/*.yaml``;
     default: the transformer). The resolved config (every size filled in) is kept in
     ``self.model_config``.
     """
@@ -33,7 +42,7 @@ class NeuralActuator(nn.Module):
             raise ValueError("NeuralActuator needs norm_stats (the DataModule's train-split "
                              "statistics, {key: {'mean': [n], 'std': [n]}}), got "
                              f"{type(norm_stats).__name__}")
-        config = dict(model_config or {"arch": "transformer"})
+        config = upgrade_model_config(model_config or {"arch": "transformer"})
         if "arch" not in config:
             raise ValueError(f"model_config needs an 'arch' key, got keys {sorted(config)}")
         self.feature_builder = FeatureBuilder(features, n_motors, norm_stats)
@@ -42,9 +51,9 @@ class NeuralActuator(nn.Module):
         self.model_config = dict(self.net.config)
 
     @property
-    def history(self) -> int:
-        """Frames per window (L = 8 history frames + the current one)."""
-        return self.net.history
+    def window_length(self) -> int:
+        """Frames per input window (L: the current frame and the L - 1 before it)."""
+        return self.net.window_length
 
     @property
     def features(self) -> list[str]:

@@ -14,14 +14,14 @@ from torch import nn
 class MLPEncoder(nn.Module):
     """The whole window flattened into one vector, then ``n_layers`` SiLU layers."""
 
-    def __init__(self, n_in: int, history: int = 9, hidden: int = 416, n_layers: int = 7,
+    def __init__(self, n_in: int, window_length: int = 9, hidden: int = 416, n_layers: int = 7,
                  dropout: float = 0.1) -> None:
         super().__init__()
         if n_layers < 1:
             raise ValueError(f"mlp n_layers must be >= 1, got {n_layers}")
         self.width = hidden
         layers: list[nn.Module] = []
-        width_in = n_in * history
+        width_in = n_in * window_length
         for _ in range(n_layers):
             layers += [nn.Linear(width_in, hidden), nn.SiLU(), nn.Dropout(dropout)]
             width_in = hidden
@@ -40,7 +40,7 @@ class RecurrentEncoder(nn.Module):
 
     cell: type[nn.RNNBase]
 
-    def __init__(self, n_in: int, history: int, hidden: int, n_layers: int,
+    def __init__(self, n_in: int, window_length: int, hidden: int, n_layers: int,
                  dropout: float) -> None:
         super().__init__()
         self.width = hidden
@@ -59,14 +59,14 @@ class RecurrentEncoder(nn.Module):
 class GRUEncoder(RecurrentEncoder):
     cell = nn.GRU
 
-    def __init__(self, n_in: int, history: int = 9, hidden: int = 325, n_layers: int = 2,
+    def __init__(self, n_in: int, window_length: int = 9, hidden: int = 325, n_layers: int = 2,
                  dropout: float = 0.1) -> None:
-        super().__init__(n_in, history, hidden, n_layers, dropout)
+        super().__init__(n_in, window_length, hidden, n_layers, dropout)
 
 
 class LSTMEncoder(RecurrentEncoder):
     cell = nn.LSTM
 
-    def __init__(self, n_in: int, history: int = 9, hidden: int = 275, n_layers: int = 2,
+    def __init__(self, n_in: int, window_length: int = 9, hidden: int = 275, n_layers: int = 2,
                  dropout: float = 0.1) -> None:
-        super().__init__(n_in, history, hidden, n_layers, dropout)
+        super().__init__(n_in, window_length, hidden, n_layers, dropout)

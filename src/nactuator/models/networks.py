@@ -24,7 +24,7 @@ def _defaults(fn: Any) -> dict[str, Any]:
     """Keyword defaults of a constructor, minus the window length (passed separately)."""
     params = inspect.signature(fn).parameters
     return {k: p.default for k, p in params.items()
-            if p.default is not inspect.Parameter.empty and k != "history"}
+            if p.default is not inspect.Parameter.empty and k != "window_length"}
 
 
 class ActuatorNet(nn.Module):
@@ -34,31 +34,32 @@ class ActuatorNet(nn.Module):
     rebuild exactly this network without any config file.
     """
 
-    def __init__(self, encoder: nn.Module, heads: ActuatorHeads, n_in: int, history: int,
+    def __init__(self, encoder: nn.Module, heads: ActuatorHeads, n_in: int, window_length: int,
                  config: dict[str, Any]) -> None:
         super().__init__()
         self.encoder = encoder
         self.heads = heads
         self.n_in = n_in
-        self.history = history
+        self.window_length = window_length
         self.config = config
 
     def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-        if not torch.jit.is_tracing() and tuple(tokens.shape[1:]) != (self.history, self.n_in):
-            raise ValueError(f"tokens must have shape (B, {self.history}, {self.n_in}), "
+        expected = (self.window_length, self.n_in)
+        if not torch.jit.is_tracing() and tuple(tokens.shape[1:]) != expected:
+            raise ValueError(f"tokens must have shape (B, {self.window_length}, {self.n_in}), "
                              f"got {tuple(tokens.shape)}")
         return self.heads(self.encoder(tokens))
 
 
-def build_model(arch: str, n_in: int, n_motors: int, history: int = 9,
+def build_model(arch: str, n_in: int, n_motors: int, window_length: int = 9,
                 **sizes: Any) -> ActuatorNet:
     """Build one actuator network. ``sizes`` override the architecture's defaults
     (see ``conf/model/<arch>.yaml``); an unknown size name is an error."""
     if arch not in ENCODERS:
         raise ValueError(f"unknown model arch {arch!r}; expected one of {sorted(ENCODERS)}")
-    if n_in < 1 or n_motors < 1 or history < 1:
-        raise ValueError(f"n_in, n_motors and history must be >= 1, got "
-                         f"n_in={n_in}, n_motors={n_motors}, history={history}")
+    if n_in < 1 or n_motors < 1 or window_length < 1:
+        raise ValueError(f"n_in, n_motors and window_length must be >= 1, got "
+                         f"n_in={n_in}, n_motors={n_motors}, window_length={window_length}")
     encoder_cls = ENCODERS[arch]
     encoder_sizes = _defaults(encoder_cls)
     head_sizes = _defaults(ActuatorHeads)
@@ -69,10 +70,10 @@ def build_model(arch: str, n_in: int, n_motors: int, history: int = 9,
     encoder_sizes.update({k: v for k, v in sizes.items() if k in encoder_sizes})
     head_sizes.update({k: v for k, v in sizes.items() if k in head_sizes})
 
-    encoder = encoder_cls(n_in=n_in, history=history, **encoder_sizes)
+    encoder = encoder_cls(n_in=n_in, window_length=window_length, **encoder_sizes)
     heads = ActuatorHeads(encoder.width, n_motors, **head_sizes)
-    config = {"arch": arch, "history": history, **encoder_sizes, **head_sizes}
-    return ActuatorNet(encoder, heads, n_in, history, config)
+    config = {"arch": arch, "window_length": window_length, **encoder_sizes, **head_sizes}
+    return ActuatorNet(encoder, heads, n_in, window_length, config)
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -66,12 +66,12 @@ class Block(nn.Module):
 class TransformerEncoder(nn.Module):
     """Tokens (B, L, n_in) -> pooled feature (B, d_model)."""
 
-    def __init__(self, n_in: int, history: int = 9, d_model: int = 192, n_layers: int = 4,
+    def __init__(self, n_in: int, window_length: int = 9, d_model: int = 192, n_layers: int = 4,
                  n_heads: int = 4, d_ff: int = 384, dropout: float = 0.1) -> None:
         super().__init__()
         self.width = d_model
         self.input_proj = nn.Linear(n_in, d_model)
-        self.pos_embedding = nn.Parameter(torch.randn(1, history, d_model) * 0.02)
+        self.pos_embedding = nn.Parameter(torch.randn(1, window_length, d_model) * 0.02)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.Sequential(
             *(Block(d_model, n_heads, d_ff, dropout) for _ in range(n_layers)))

@@ -11,15 +11,13 @@ wandb runs offline unless credentials exist.
 
 ``train(platform, data=None)`` is what ``make train`` runs: ``fit`` with conf/base.yaml,
 the platform's training defaults (conf/train/<platform>.yaml, if present) and, without
-``data``, a small synthetic dataset generated on first use and cached.
+``data``, the platform's small synthetic dataset (``nactuator.data.defaults``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import sys
 import warnings
 from collections.abc import Sequence
@@ -121,7 +119,7 @@ def _make_cli_class() -> type:
             )
             parser.link_arguments("platform", "model.platform")
             parser.link_arguments("platform", "data.platform")
-            parser.link_arguments("data.history", "model.history")
+            parser.link_arguments("data.window_length", "model.window_length")
 
         def before_instantiate_classes(self) -> None:
             config = self.config[self.subcommand] if self.subcommand else self.config
@@ -156,53 +154,13 @@ def lightning_main(argv: Sequence[str], run: bool = True) -> Any:
     )
 
 
-def default_dataset(platform: str) -> Path:
-    """The platform's small synthetic training set, generated on first use and cached.
-
-    Its configuration (seed, tasks, trajectory count and length) is in
-    ``conf/train/default_data.yaml``; the world is ``conf/world/<platform>.yaml``.
-    Generation goes to a temporary folder that is moved into place only when complete, so
-    an interrupted run never leaves half a dataset.
-    """
-    spec_file = conf_dir() / "train" / "default_data.yaml"
-    specs = yaml.safe_load(spec_file.read_text()) or {}
-    if platform not in specs:
-        raise ValueError(
-            f"{spec_file}: no default dataset configured for platform {platform!r} "
-            f"(have {sorted(specs)}); pass --data PATH"
-        )
-    spec = dict(specs[platform])
-    # The folder name carries a digest of everything the data depends on, so editing the
-    # spec or the platform's world file regenerates instead of reusing stale data.
-    world_file = conf_dir() / "world" / f"{platform}.yaml"
-    world_text = world_file.read_text() if world_file.is_file() else ""
-    digest = hashlib.sha1((json.dumps(spec, sort_keys=True) + world_text).encode()).hexdigest()
-    out = cache_dir() / "datasets" / f"{platform}-default-{digest[:8]}"
-    if (out / "meta" / "info.json").is_file():
-        return out
-    from nactuator.data.synth import synthesize
-
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[nactuator] generating the default {platform} dataset in {out} ({spec})",
-          flush=True)
-    try:
-        print(synthesize(platform, str(tmp), **spec), flush=True)
-        if out.exists():  # a concurrent run finished first; keep its copy
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
 def train(platform: str, data: str | None = None, extra_args: Sequence[str] = ()) -> Any:
     """``make train PLATFORM=p [DATA=path] [ARGS=...]``: fit with the project defaults."""
+    from nactuator.data.defaults import default_dataset
+
     name = load_platform(platform).name
-    paths = [p for p in data.split(",") if p] if data else [str(default_dataset(name))]
+    paths = ([p for p in data.split(",") if p] if data
+             else [str(default_dataset(name, cache_dir() / "datasets"))])
     argv = ["fit", "--config", str(conf_dir() / "base.yaml")]
     platform_defaults = conf_dir() / "train" / f"{name}.yaml"
     if platform_defaults.is_file():

@@ -48,33 +48,42 @@ def huber(error: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
     return F.smooth_l1_loss(error, torch.zeros_like(error), reduction="none", beta=beta)
 
 
-def joint_loss(q_sim: torch.Tensor, q_real: torch.Tensor) -> torch.Tensor:
-    """``mean_t Σ_j Huber_1(q_sim − q_real)`` over the given (revolute) channels, radians."""
+def _step_mean(per_step: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean over (B, T) steps, or over the steps ``mask`` (B, T) keeps."""
+    return per_step.mean() if mask is None else _masked_mean(per_step, mask)
+
+
+def joint_loss(q_sim: torch.Tensor, q_real: torch.Tensor,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``mean_t Σ_j Huber_1(q_sim − q_real)`` over the given (revolute) channels, radians;
+    ``mask`` (B, T) selects the scored steps (whole episodes of different lengths)."""
     if q_sim.shape[-1] == 0:
         return q_sim.new_zeros(())
-    return huber(q_sim - q_real).sum(-1).mean()
+    return _step_mean(huber(q_sim - q_real).sum(-1), mask)
 
 
-def gripper_loss(q_sim: torch.Tensor, q_real: torch.Tensor) -> torch.Tensor:
+def gripper_loss(q_sim: torch.Tensor, q_real: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
     """``mean_t Huber_1(1000 · (q_sim − q_real))`` over prismatic gripper channels (mm)."""
     if q_sim.shape[-1] == 0:
         return q_sim.new_zeros(())
-    return huber(1000.0 * (q_sim - q_real)).mean()
+    return _step_mean(huber(1000.0 * (q_sim - q_real)).mean(-1), mask)
 
 
-def velocity_loss(q_sim: torch.Tensor, q_real: torch.Tensor, dt: float) -> torch.Tensor:
+def velocity_loss(q_sim: torch.Tensor, q_real: torch.Tensor, dt: float,
+                  mask: torch.Tensor | None = None) -> torch.Tensor:
     """Huber_1 between finite-difference velocities of the simulated and recorded paths.
 
     ``q_*`` are (B, T, k) position sequences that include the rollout's start frame, so
-    the first difference is the first simulated step. Finite differences of the recorded
-    path are used instead of the recorded velocity because servo velocity registers are
-    coarse (STS3215: multiples of 50 steps/s).
+    the first difference is the first simulated step (``mask`` (B, T − 1) selects steps).
+    Finite differences of the recorded path are used instead of the recorded velocity
+    because servo velocity registers are coarse (STS3215: multiples of 50 steps/s).
     """
     if q_sim.shape[-1] == 0 or q_sim.shape[1] < 2:
         return q_sim.new_zeros(())
     v_sim = torch.diff(q_sim, dim=1) / dt
     v_real = torch.diff(q_real, dim=1) / dt
-    return huber(v_sim - v_real).sum(-1).mean()
+    return _step_mean(huber(v_sim - v_real).sum(-1), mask)
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,16 @@
 """``NeuralActuatorModule``: training the actuator model *through* the simulator (SPEC §5).
 
-Each batch is a set of recorded segments (Contract 2). The module rolls the model closed
-loop through the differentiable simulator for the whole segment, compares the simulated
-joint path with the recorded one, supervises the force / gate / condition heads at every
-step, and backpropagates through time. Around that sit the training mechanics the
-reference trainer uses: AdamW with warm-up + cosine LR, gradient clipping (the Trainer's
-``gradient_clip_val``), skipping of non-finite updates, an EMA copy of the weights for
-validation / test / export, a horizon curriculum, and initial-state noise.
+Each training batch is a set of recorded segments (Contract 2). The module rolls the model
+closed loop through the differentiable simulator for the whole segment
+(:func:`nactuator.rollout.closed_loop_rollout`, the same rollout ``nactuator eval`` runs),
+compares the simulated joint path with the recorded one, supervises the force / gate /
+condition heads at every step, and backpropagates through time. Validation and test roll
+every episode out from frame 0 to its end with the evaluation protocol (start at rest,
+nothing reset), so the checkpoint picked by ``val/loss`` is the one that drifts least over
+whole episodes. Around that sit the training mechanics the reference trainer uses: AdamW
+with warm-up + cosine LR, gradient clipping (the Trainer's ``gradient_clip_val``), skipping
+of non-finite updates, an EMA copy of the weights for validation / test / export, and
+initial-state noise. The rollout horizon (and its curriculum) belongs to the DataModule.
 
 The model is built in :meth:`setup`, once the DataModule's train-split normalisation
 statistics exist (or from a checkpoint's bundle when loading one).
@@ -14,19 +18,18 @@ statistics exist (or from a checkpoint's bundle when loading one).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 
 from nactuator.models import NeuralActuator, bundle_to_dict
+from nactuator.models.actuator import upgrade_model_config
 from nactuator.models.features import DEFAULT_FEATURES, window_channels
 from nactuator.platforms import Platform, load_platform
-from nactuator.training.curriculum import HorizonCurriculum
+from nactuator.rollout import WINDOW_LENGTH, NonFiniteRollout, Rollout, closed_loop_rollout
 from nactuator.training.ema import EMA
 from nactuator.training.losses import (
     LossWeights,
@@ -37,7 +40,6 @@ from nactuator.training.losses import (
     joint_loss,
     velocity_loss,
 )
-from nactuator.training.rollout import NonFiniteRollout, Rollout, rollout
 
 # Which size name is the "width" and the "depth" of each architecture, so that one sweep
 # axis (model.width / model.depth) means the same thing for every arch.
@@ -46,9 +48,10 @@ DEPTH_KEY = {"transformer": "n_layers", "mlp": "n_layers", "gru": "n_layers", "l
 
 
 def resolve_model_config(
-    arch: str, history: int, width: int | None, depth: int | None, sizes: dict[str, Any] | None
+    arch: str, window_length: int, width: int | None, depth: int | None,
+    sizes: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """``{"arch", "history" (window length L), **sizes}`` for ``NeuralActuator``.
+    """``{"arch", "window_length", **sizes}`` for ``NeuralActuator``.
 
     ``width``/``depth`` set the architecture's main width and layer count; for the
     transformer the feed-forward size follows as 2 × width (SPEC §4: 192 → 384) unless
@@ -56,7 +59,7 @@ def resolve_model_config(
     """
     if arch not in WIDTH_KEY:
         raise ValueError(f"model.arch must be one of {sorted(WIDTH_KEY)}, got {arch!r}")
-    config: dict[str, Any] = {"arch": arch, "history": history + 1}
+    config: dict[str, Any] = {"arch": arch, "window_length": window_length}
     if width is not None:
         config[WIDTH_KEY[arch]] = int(width)
         if arch == "transformer":
@@ -79,12 +82,8 @@ class NeuralActuatorModule(L.LightningModule):
             ``head_hidden``, ``dropout``); see ``nactuator.models.build_model``.
         features: feature groups (``command``, ``state``, ``telemetry``, ``error``);
             dropping ``telemetry`` gives the telemetry-free variant.
-        history: history frames per window (the window is ``history + 1`` frames); must
-            match the DataModule's ``history``.
-        horizon_schedule: curriculum ``{first_epoch: horizon}``, applied through
-            ``datamodule.set_horizon`` (needs ``reload_dataloaders_every_n_epochs=1``).
-        val_horizon: rollout length for validation and test, fixed so that validation
-            figures compare across curriculum stages (default: the curriculum's longest).
+        window_length: frames per input window (L = 9); must match the DataModule's
+            (LightningCLI links ``data.window_length`` to it).
         loss: loss weights (SPEC §5; OMX defaults; SO-101 uses ``w_vel: 5``).
         lr, weight_decay, betas: AdamW.
         warmup_steps: linear LR warm-up from 0, then cosine decay to ``min_lr_ratio · lr``.
@@ -104,9 +103,7 @@ class NeuralActuatorModule(L.LightningModule):
         depth: int | None = None,
         model_sizes: dict[str, Any] | None = None,
         features: list[str] | None = None,
-        history: int = 8,
-        horizon_schedule: dict[int, int] | None = None,
-        val_horizon: int | None = None,
+        window_length: int = WINDOW_LENGTH,
         loss: LossWeights | None = None,
         lr: float = 1e-4,
         weight_decay: float = 1e-4,
@@ -123,14 +120,10 @@ class NeuralActuatorModule(L.LightningModule):
         self.platform: Platform = load_platform(platform)
         self.features = list(features) if features is not None else list(DEFAULT_FEATURES)
         window_channels(self.features)  # validates the group names now, not at setup
-        if history < 0:
-            raise ValueError(f"history must be >= 0, got {history}")
-        self.history = history
-        self.model_config = resolve_model_config(arch, history, width, depth, model_sizes)
-        self.curriculum = HorizonCurriculum(horizon_schedule or {0: 8})
-        if val_horizon is not None and val_horizon < 1:
-            raise ValueError(f"val_horizon must be >= 1, got {val_horizon}")
-        self.val_horizon = val_horizon or self.curriculum.max_horizon
+        if window_length < 1:
+            raise ValueError(f"window_length must be >= 1, got {window_length}")
+        self.window_length = window_length
+        self.model_config = resolve_model_config(arch, window_length, width, depth, model_sizes)
         self.loss_weights = loss if loss is not None else LossWeights()
         if lr <= 0 or warmup_steps < 0 or not 0 <= min_lr_ratio <= 1:
             raise ValueError(
@@ -153,8 +146,6 @@ class NeuralActuatorModule(L.LightningModule):
         self._ema_step = -1
         self._ema_backup: dict[str, torch.Tensor] | None = None
         self._simulator: Any = None
-        self._rank_seeded = False
-        self._train_horizon: int | None = None
         self._simulator_device: str | None = None
 
     # ------------------------------------------------------------------ model and data
@@ -178,20 +169,6 @@ class NeuralActuatorModule(L.LightningModule):
             self.build_actuator(datamodule.norm_stats)
         if datamodule is not None:
             self._check_platform_of(datamodule)
-            if stage == "fit" and self.trainer.world_size > 1 and not self._rank_seeded:
-                # The DataModule serves an IterableDataset, which Lightning cannot shard
-                # with a DistributedSampler: give each rank its own sampling stream so the
-                # ranks train on different segments (samples_per_epoch is per process).
-                datamodule.seed = int(datamodule.seed) + self.trainer.global_rank
-                self._rank_seeded = True
-            if stage == "fit":
-                self.apply_horizon(0)
-            else:
-                self._set_datamodule_horizon(datamodule, self.val_horizon)
-        if stage == "fit" and self.curriculum.changes and self._trainer is not None:
-            # The number of segments changes with the horizon, so the train loader must be
-            # rebuilt when a new curriculum stage starts.
-            self.trainer.reload_dataloaders_every_n_epochs = 1
 
     def _check_platform_of(self, datamodule: Any) -> None:
         platform = getattr(datamodule, "platform", None)
@@ -201,11 +178,11 @@ class NeuralActuatorModule(L.LightningModule):
                 f"the model is configured for platform {self.platform.name!r} but the data "
                 f"module serves {name!r}; set the same --platform for both"
             )
-        data_history = getattr(datamodule, "history", self.history)
-        if data_history != self.history:
+        data_window = getattr(datamodule, "window_length", self.window_length)
+        if data_window != self.window_length:
             raise ValueError(
-                f"model history {self.history} != data history {data_history}: the window "
-                f"length must match (link data.history and model.history)"
+                f"model window_length {self.window_length} != data window_length "
+                f"{data_window} (link data.window_length and model.window_length)"
             )
 
     def check_dataset(self, datamodule: Any) -> None:
@@ -215,45 +192,22 @@ class NeuralActuatorModule(L.LightningModule):
         stored as NaN and would reach the model as a constant 0; that silently wrong
         input is refused here, naming the dataset, the channel and the feature group.
         """
-        from nactuator.data.format import FEATURES
-
+        unrecorded = getattr(datamodule, "unrecorded_channels", None)
+        if unrecorded is None:
+            return
         needed = window_channels(self.features)
-        for path in getattr(datamodule, "paths", []) or []:
-            stats_file = Path(path) / "meta" / "stats.json"
-            if not stats_file.is_file():
-                continue
-            stats = json.loads(stats_file.read_text())
+        for path, missing_by_key in unrecorded().items():
             for key in needed:
-                counts = stats.get(FEATURES[key].name, {}).get("count")
-                if counts is None or min(counts) > 0:
+                missing = missing_by_key.get(key)
+                if not missing:
                     continue
-                missing = [c for c, k in zip(self.platform.channel_names, counts,
-                                             strict=False) if k == 0]
                 groups = [g for g in self.features if key in window_channels([g])]
                 keep = [g for g in self.features if g not in groups]
                 raise ValueError(
-                    f"{path}: the dataset has no recorded {key!r} "
-                    f"({FEATURES[key].name}) for channel(s) {missing}, which the model's "
-                    f"feature group(s) {groups} need; drop them from model.features "
-                    f"(e.g. {keep}) or train on data that records {key!r}"
+                    f"{path}: the dataset has no recorded {key!r} for channel(s) {missing}, "
+                    f"which the model's feature group(s) {groups} need; drop them from "
+                    f"model.features (e.g. {keep}) or train on data that records {key!r}"
                 )
-
-    def apply_horizon(self, epoch: int) -> None:
-        """Set the DataModule's segment length to the curriculum's horizon for ``epoch``."""
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
-        if datamodule is not None:
-            self._set_datamodule_horizon(datamodule, self.curriculum.horizon_at(epoch))
-
-    def _set_datamodule_horizon(self, datamodule: Any, horizon: int) -> None:
-        if getattr(datamodule, "horizon", None) == horizon:
-            return
-        try:
-            datamodule.set_horizon(horizon)
-        except ValueError as e:
-            raise ValueError(
-                f"horizon {horizon} of the curriculum {self.curriculum} does not fit the "
-                f"data: {e}"
-            ) from e
 
     @property
     def simulator(self) -> Any:
@@ -269,46 +223,54 @@ class NeuralActuatorModule(L.LightningModule):
     # ----------------------------------------------------------------------- rollout
 
     def forward(self, batch: dict[str, torch.Tensor], noise: bool = False) -> Rollout:
+        """Roll the batch out from its start frame: a training segment from its recorded
+        state (plus noise if ``noise``), or whole episodes (a batch with ``length``) from
+        rest, as the evaluation protocol does."""
         if self.actuator is None:
             raise RuntimeError("the model is not built yet: call setup() or load a checkpoint")
-        horizon = batch["q"].shape[1] - self.history - 1
-        if horizon < 1:
-            raise ValueError(
-                f"batch has {batch['q'].shape[1]} frames; with history {self.history} that "
-                f"leaves no rollout step (Contract 2: T = history + H + 1)"
-            )
-        q0 = batch["q"][:, self.history]
-        qd0 = batch["qd"][:, self.history]
+        start = self.window_length - 1
+        q0, qd0 = batch["q"][:, start], batch["qd"][:, start]
+        if "length" in batch:
+            qd0 = torch.zeros_like(qd0)
         if noise and self.hparams.init_noise_q > 0:
             q0 = q0 + self.hparams.init_noise_q * torch.randn_like(q0)
         if noise and self.hparams.init_noise_qd > 0:
             qd0 = qd0 + self.hparams.init_noise_qd * torch.randn_like(qd0)
-        sim = self.simulator
-        return rollout(self.actuator, sim.step, batch, self.history, horizon, q0, qd0)
+        return closed_loop_rollout(self.actuator, self.simulator.step, batch,
+                                   self.window_length, q0=q0, qd0=qd0)
+
+    def _step_mask(self, r: Rollout, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, H) true on the steps that are scored: all of a segment; of a whole-episode
+        batch, the steps before each episode's last frame."""
+        steps = r.tau.shape[1]
+        if "length" not in batch:
+            return torch.ones(r.tau.shape[:2], dtype=torch.bool, device=r.tau.device)
+        step = torch.arange(steps, device=r.tau.device)
+        return step.unsqueeze(0) < (batch["length"].to(r.tau.device) - 1).unsqueeze(1)
 
     def compute_losses(self, r: Rollout, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The weighted SPEC §5 loss and its parts (see :mod:`nactuator.training.losses`)."""
         w = self.loss_weights
-        h, horizon = self.history, r.tau.shape[1]
-        q_next = batch["q"][:, h + 1 : h + 1 + horizon]  # frames s+1 .. s+H
-        q_path = batch["q"][:, h : h + 1 + horizon]  # frames s .. s+H
-        now = slice(h, h + horizon)  # frames whose force/condition the windows describe
+        start, steps = self.window_length - 1, r.tau.shape[1]
+        q_next = batch["q"][:, start + 1 : start + 1 + steps]  # frames s+1 .. s+H
+        q_path = batch["q"][:, start : start + 1 + steps]  # frames s .. s+H
+        now = slice(start, start + steps)  # frames whose force/condition the windows describe
+        mask = self._step_mask(r, batch)
         rev, pri = self.revolute, self.prismatic
         force, force_valid = batch["force"][:, now], batch["force_valid"][:, now]
         if w.unlabelled_force_as_zero:  # the DataModule already serves unlabelled axes as 0 N
             force_valid = torch.ones_like(force_valid)
         parts = {
-            "joint": joint_loss(r.q[:, 1:, rev], q_next[..., rev]),
-            "grip": gripper_loss(r.q[:, 1:, pri], q_next[..., pri]),
-            "force": force_loss(r.force, force, force_valid, w.force_beta, w.w_focal),
-            "gate": gate_loss(r.gate_logit, force, force_valid),
-            "cond": condition_loss(
-                r.condition_logit, batch["condition"][:, now], batch["condition_valid"][:, now]
-            ),
+            "joint": joint_loss(r.q[:, 1:, rev], q_next[..., rev], mask),
+            "grip": gripper_loss(r.q[:, 1:, pri], q_next[..., pri], mask),
+            "force": force_loss(r.force, force, force_valid & mask, w.force_beta, w.w_focal),
+            "gate": gate_loss(r.gate_logit, force, force_valid & mask),
+            "cond": condition_loss(r.condition_logit, batch["condition"][:, now],
+                                   batch["condition_valid"][:, now] & mask.unsqueeze(-1)),
         }
         if w.w_vel > 0:
             dt = self.platform.control_dt
-            parts["vel"] = velocity_loss(r.q[..., rev], q_path[..., rev], dt)
+            parts["vel"] = velocity_loss(r.q[..., rev], q_path[..., rev], dt, mask)
         weights = {"joint": w.w_pos, "grip": w.w_grip, "force": w.w_force, "gate": w.w_gate,
                    "cond": w.w_cond, "vel": w.w_vel}
         parts["loss"] = sum(weights[k] * v for k, v in parts.items())
@@ -318,17 +280,21 @@ class NeuralActuatorModule(L.LightningModule):
     def rollout_metrics(
         self, r: Rollout, batch: dict[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
-        """Human-unit errors of a rollout: joints in degrees, gripper in mm, force in N."""
-        h, horizon = self.history, r.tau.shape[1]
-        error = (r.q[:, 1:] - batch["q"][:, h + 1 : h + 1 + horizon]).abs()
+        """Human-unit errors of a rollout, as ``nactuator eval`` reports them: the arm
+        joints' mean error in degrees, the gripper's in mm (prismatic), force in N."""
+        start, steps = self.window_length - 1, r.tau.shape[1]
+        mask = self._step_mask(r, batch)
+        error = (r.q[:, 1:] - batch["q"][:, start + 1 : start + 1 + steps]).abs()
         metrics = {}
-        if self.revolute:
-            metrics["joint_mae_deg"] = torch.rad2deg(error[..., self.revolute]).mean()
+        arm = self.platform.arm_indices
+        if arm:
+            per_step = error[..., arm].mean(-1)
+            metrics["joint_mae_deg"] = torch.rad2deg(per_step[mask].mean())
         if self.prismatic:
-            metrics["grip_mae_mm"] = 1000.0 * error[..., self.prismatic].mean()
-        valid = batch["force_valid"][:, h : h + horizon]
+            metrics["grip_mae_mm"] = 1000.0 * error[..., self.prismatic].mean(-1)[mask].mean()
+        valid = batch["force_valid"][:, start : start + steps] & mask
         if valid.any():
-            f_err = (r.force - batch["force"][:, h : h + horizon]).abs().mean(-1)
+            f_err = (r.force - batch["force"][:, start : start + steps]).abs().mean(-1)
             metrics["force_mae_n"] = f_err[valid].mean()
         return metrics
 
@@ -377,19 +343,6 @@ class NeuralActuatorModule(L.LightningModule):
             self.ema.update(self.actuator)
         self._ema_step = step
 
-    def on_train_start(self) -> None:
-        # A resumed run gets the DataModule state of the checkpoint, whose horizon is the
-        # one at save time (the validation horizon if saved during validation). Batches
-        # are drawn at the DataModule's current horizon, so setting it here still counts.
-        self.apply_horizon(self.trainer.current_epoch)
-
-    def on_train_epoch_start(self) -> None:
-        self.apply_horizon(self.trainer.current_epoch)
-
-    def on_train_epoch_end(self) -> None:
-        # Set before the next epoch's loader is rebuilt, so its length is right too.
-        self.apply_horizon(self.trainer.current_epoch + 1)
-
     def configure_optimizers(self) -> dict:
         hp = self.hparams
         optimizer = torch.optim.AdamW(
@@ -413,23 +366,14 @@ class NeuralActuatorModule(L.LightningModule):
     # -------------------------------------------------------------- validation / test
 
     def _start_evaluation(self) -> None:
-        """EMA weights in, and the fixed evaluation horizon (the loader's batches are
-        drawn after this hook, so they already have the new length)."""
+        """Validation and test use the EMA weights."""
         if self.ema is not None and self._ema_backup is None:
             self._ema_backup = self.ema.swap_in(self.actuator)
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if datamodule is not None:
-            self._train_horizon = getattr(datamodule, "horizon", None)
-            self._set_datamodule_horizon(datamodule, self.val_horizon)
 
     def _end_evaluation(self) -> None:
         if self._ema_backup is not None:
             self.ema.restore(self.actuator, self._ema_backup)
             self._ema_backup = None
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if datamodule is not None and self._train_horizon is not None:
-            self._set_datamodule_horizon(datamodule, self._train_horizon)
-            self._train_horizon = None
 
     def on_validation_start(self) -> None:
         self._start_evaluation()
@@ -467,8 +411,6 @@ class NeuralActuatorModule(L.LightningModule):
         config = {k: v for k, v in self.hparams.items() if k != "loss"}
         config["loss"] = asdict(self.loss_weights)
         config["model_config"] = dict(self.actuator.model_config) if self.actuator else None
-        config["horizon_schedule"] = dict(self.curriculum.stages)
-        config["val_horizon"] = self.val_horizon
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
         if datamodule is not None and getattr(datamodule, "hparams", None) is not None:
             config["data"] = _plain(dict(datamodule.hparams))
@@ -508,12 +450,13 @@ class NeuralActuatorModule(L.LightningModule):
         if self.actuator is None:
             self.build_actuator(bundle["norm_stats"])
         expected = dict(self.actuator.model_config)
-        if bundle.get("model_config") != expected:
-            diff = sorted(k for k in set(expected) | set(bundle["model_config"])
-                          if expected.get(k) != bundle["model_config"].get(k))
+        saved = upgrade_model_config(bundle.get("model_config") or {})
+        if saved != expected:
+            diff = sorted(k for k in set(expected) | set(saved)
+                          if expected.get(k) != saved.get(k))
             raise ValueError(
                 f"checkpoint model config differs from this run's in {diff}: checkpoint "
-                f"{bundle['model_config']}, run {expected}"
+                f"{saved}, run {expected}"
             )
         state = checkpoint.get("nactuator_training")
         if state is not None:

@@ -1,0 +1,223 @@
+"""The causal window and the closed-loop rollout: one definition for training, evaluation,
+offline inference and the live loop.
+
+**Window.** The model reads ``window_length`` consecutive frames (L = 9 by default): the
+current frame and the L − 1 frames before it. Before an episode starts there are no frames;
+those slots hold zeros and are flagged in ``pad``, which the feature builder turns into
+neutral tokens, so the first frames of an episode are seen exactly as in training.
+
+**Rollout.** A *block* holds, per batch row, the L − 1 frames before a start frame ``s``
+(recorded frames, or padding before an episode's first frame) followed by frames
+``s .. s + T − 1``. Step ``i`` builds the window ending at frame ``s + i`` from the
+*recorded* commands and telemetry and the *simulated* state (frames before ``s`` keep their
+recorded state: nothing was simulated there), asks the actuator for an effort, and steps
+the simulator to the state of frame ``s + i + 1``. Gradients flow back through every step
+(BPTT) when the caller lets them; evaluation runs the same code under ``torch.no_grad``.
+
+This module imports only torch: the actuator and the simulator step are callables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = [
+    "RECORDED_KEYS",
+    "STATE_KEYS",
+    "WINDOW_LENGTH",
+    "NonFiniteRollout",
+    "Rollout",
+    "StreamingWindow",
+    "causal_windows",
+    "closed_loop_rollout",
+    "episode_block",
+]
+
+WINDOW_LENGTH = 9  # SPEC §4: 8 history frames + the current frame
+RECORDED_KEYS = ("q_cmd", "effort", "voltage", "temperature")  # replayed from the recording
+STATE_KEYS = ("q", "qd")  # simulated during a rollout
+
+StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+ActuatorFn = Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
+
+
+class NonFiniteRollout(RuntimeError):
+    """The model produced a NaN/inf effort; the simulator must not be stepped with it."""
+
+
+def _frames_before(window_length: int) -> int:
+    if not isinstance(window_length, int | np.integer) or window_length < 1:
+        raise ValueError(f"window_length must be a positive integer, got {window_length!r}")
+    return int(window_length) - 1
+
+
+def _as_tensor(values) -> torch.Tensor:
+    array = np.nan_to_num(np.asarray(values, dtype=np.float32), nan=0.0)
+    return torch.from_numpy(array.reshape(len(array), -1))
+
+
+# --------------------------------------------------------------------------- windows
+
+
+def causal_windows(frames: Mapping[str, object], keys: Sequence[str],
+                   window_length: int) -> dict[str, torch.Tensor]:
+    """Every window of one recording: ``frames[key]`` (T, n) -> (T, L, n), plus ``pad``
+    (T, L). Window t holds frames t − L + 1 .. t; NaN (unrecorded) reads as 0."""
+    before = _frames_before(window_length)
+    length = len(frames[keys[0]])
+    frame = torch.arange(length).unsqueeze(1) - before + torch.arange(window_length)
+    windows = {"pad": frame < 0}
+    for key in keys:
+        values = _as_tensor(frames[key])
+        padded = torch.cat([values.new_zeros(before, values.shape[1]), values])
+        # unfold -> (T, n, L); the window axis goes second, as in (B, L, n).
+        windows[key] = padded.unfold(0, window_length, 1).permute(0, 2, 1)
+    return windows
+
+
+class StreamingWindow:
+    """The window of a live stream: :meth:`push` one frame, read the (1, L, n) tensors.
+
+    Identical to :func:`causal_windows` on the frames pushed so far (zeros flagged as
+    padding until L frames exist). On the CPU the tensors handed out are views of one
+    (K, L, n) buffer, so a cycle copies nothing but the new row.
+    """
+
+    def __init__(self, keys: Sequence[str], window_length: int, n: int,
+                 device: str | torch.device = "cpu") -> None:
+        _frames_before(window_length)
+        self.keys, self.window_length, self.n = list(keys), int(window_length), n
+        self.data = np.zeros((len(self.keys), self.window_length, n), dtype=np.float32)
+        self.count = 0
+        self.device = torch.device(device)
+        self._shared = torch.from_numpy(self.data)
+        self._tensor = self._shared if self.device.type == "cpu" else self._shared.to(self.device)
+        self._views: dict[str, torch.Tensor] = {
+            k: self._tensor[i : i + 1] for i, k in enumerate(self.keys)}
+        self._pad = torch.ones(1, self.window_length, dtype=torch.bool, device=self.device)
+        self._views["pad"] = self._pad
+
+    def push(self, values: Mapping[str, np.ndarray]) -> None:
+        """Append the newest frame (``values[key]`` of shape (n,), NaN reads as 0)."""
+        row = np.stack([np.asarray(values[k], dtype=np.float32) for k in self.keys])
+        self.data[:, :-1] = self.data[:, 1:]
+        self.data[:, -1] = np.nan_to_num(row, nan=0.0)
+        self.count += 1
+        if self.count <= self.window_length:  # the newest `count` slots are real frames
+            self._pad[0, self.window_length - self.count :] = False
+
+    @property
+    def warm(self) -> bool:
+        """True once every slot holds a real frame."""
+        return self.count >= self.window_length
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        if self._tensor is not self._shared:
+            self._tensor.copy_(self._shared, non_blocking=True)
+        return self._views
+
+
+# ------------------------------------------------------------------------- rollouts
+
+
+def episode_block(episodes: Sequence[Mapping[str, object]], keys: Sequence[str],
+                  window_length: int) -> dict[str, torch.Tensor]:
+    """Whole episodes as one rollout block starting at each episode's frame 0.
+
+    ``episodes[b][key]`` is (T_b, n). Returns (B, L − 1 + T_max, n) float32 per key with the
+    L − 1 padding frames in front (``pad`` (B, L − 1 + T_max) flags them), short episodes
+    repeating their last frame at the end (their steps past the end are to be ignored), and
+    ``length`` (B,): each episode's frame count.
+    """
+    before = _frames_before(window_length)
+    lengths = [len(ep[keys[0]]) for ep in episodes]
+    total = before + max(lengths)
+    block: dict[str, torch.Tensor] = {}
+    for key in keys:
+        rows = []
+        for ep in episodes:
+            values = _as_tensor(ep[key])
+            tail = values[-1:].expand(total - before - len(values), -1)
+            rows.append(torch.cat([values.new_zeros(before, values.shape[1]), values, tail]))
+        block[key] = torch.stack(rows)
+    block["pad"] = torch.zeros(len(episodes), total, dtype=torch.bool)
+    block["pad"][:, :before] = True
+    block["length"] = torch.tensor(lengths)
+    return block
+
+
+@dataclass
+class Rollout:
+    """What one rollout produced. States have T frames (frame s .. s + T − 1, the first is
+    the start state); per-step outputs have T − 1 steps: step i describes frame s + i.
+    Batched torch tensors (B, ...) as returned; :meth:`episode` gives one row as numpy."""
+
+    q: torch.Tensor  # (B, T, n) simulated positions
+    qd: torch.Tensor  # (B, T, n) simulated velocities
+    tau: torch.Tensor  # (B, T-1, n) predicted efforts (before the simulator's clip)
+    force: torch.Tensor  # (B, T-1, 3)
+    gate: torch.Tensor  # (B, T-1) contact probability
+    gate_logit: torch.Tensor  # (B, T-1)
+    condition: torch.Tensor  # (B, T-1, n) probability of nominal condition
+    condition_logit: torch.Tensor  # (B, T-1, n)
+
+    def episode(self, row: int, length: int) -> Rollout:
+        """Row ``row`` cut to an episode of ``length`` frames, as float64 numpy arrays
+        (states (length, n), steps (length − 1, ...)): what evaluation scores and plots."""
+        def cut(t: torch.Tensor, frames: int) -> np.ndarray:
+            return t[row, :frames].detach().cpu().numpy().astype(np.float64)
+
+        states = {k: cut(getattr(self, k), length) for k in ("q", "qd")}
+        steps = {k: cut(getattr(self, k), length - 1) for k in
+                 ("tau", "force", "gate", "gate_logit", "condition", "condition_logit")}
+        return Rollout(**states, **steps)
+
+
+def closed_loop_rollout(actuator: ActuatorFn, step: StepFn, block: Mapping[str, torch.Tensor],
+                        window_length: int, steps: int | None = None,
+                        q0: torch.Tensor | None = None,
+                        qd0: torch.Tensor | None = None) -> Rollout:
+    """Roll ``steps`` control steps from the block's start frame (see the module docstring).
+
+    ``block`` holds ``q`` and ``qd`` (B, L − 1 + T, n), the recorded channels the actuator
+    reads, and optionally ``pad`` (B, L − 1 + T). ``steps`` defaults to T − 1. ``q0``/``qd0``
+    (B, n) replace the recorded start state (noise in training; qd = 0 in the evaluation
+    protocol).
+    """
+    before = _frames_before(window_length)
+    frames = block["q"].shape[1]
+    steps = frames - before - 1 if steps is None else int(steps)
+    if steps < 1 or frames < before + steps + 1:
+        raise ValueError(
+            f"the block has {frames} frames; {steps} rollout step(s) with window length "
+            f"{window_length} need {window_length + max(steps, 1)} (L - 1 before the start, "
+            "the start frame and one frame per step)")
+    recorded = [k for k in RECORDED_KEYS if k in block]
+    qs = [*block["q"][:, :before].unbind(1), block["q"][:, before] if q0 is None else q0]
+    qds = [*block["qd"][:, :before].unbind(1), block["qd"][:, before] if qd0 is None else qd0]
+    outs: dict[str, list[torch.Tensor]] = {k: [] for k in
+                                           ("tau", "force", "gate", "gate_logit", "condition",
+                                            "condition_logit")}
+    for i in range(steps):
+        window = {k: block[k][:, i : i + window_length] for k in recorded}
+        window["q"] = torch.stack(qs[i : i + window_length], dim=1)
+        window["qd"] = torch.stack(qds[i : i + window_length], dim=1)
+        if "pad" in block:
+            window["pad"] = block["pad"][:, i : i + window_length]
+        out = actuator(window)
+        if not torch.isfinite(out["tau"]).all():
+            raise NonFiniteRollout(f"non-finite effort predicted at rollout step {i}")
+        q_next, qd_next = step(qs[-1], qds[-1], out["tau"])
+        qs.append(q_next)
+        qds.append(qd_next)
+        batch = out["tau"].shape[0]
+        for key in outs:
+            value = out[key]
+            outs[key].append(value.reshape(batch) if key.startswith("gate") else value)
+    stacked = {k: torch.stack(v, dim=1) for k, v in outs.items()}
+    return Rollout(q=torch.stack(qs[before:], dim=1), qd=torch.stack(qds[before:], dim=1),
+                   **stacked)
