@@ -67,7 +67,16 @@ def _train(a: argparse.Namespace, rest: list[str]) -> int:
 def _eval(a: argparse.Namespace) -> int:
     from nactuator.eval import evaluate
 
-    print(evaluate(a.ckpt, a.data, split=a.split, out=a.out, device=a.device))
+    cv = None if a.cv_folds is None else (a.cv_folds, a.cv_fold)
+    print(evaluate(a.ckpt, a.data, split=a.split, out=a.out, device=a.device, cv=cv))
+    return 0
+
+
+def _cv(a: argparse.Namespace, rest: list[str]) -> int:
+    from nactuator.training.cv import run_cv
+
+    print(run_cv(a.platform, a.data, folds=a.folds, max_folds=a.max_folds, jobs=a.jobs,
+                 out=a.out, extra_args=[x for x in rest if x != "--"]))
     return 0
 
 
@@ -178,7 +187,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--split", default="test")
     s.add_argument("--out", required=True)
     s.add_argument("--device", default="cpu")
+    s.add_argument("--cv-folds", type=int, default=None,
+                   help="evaluate with the splits of a cross-validation fold (see `cv`)")
+    s.add_argument("--cv-fold", type=int, default=0, help="which fold (0-based)")
     s.set_defaults(func=_eval)
+
+    s = sub.add_parser("cv", help="k-fold cross-validation by trajectory of a training "
+                       "recipe: mean ± sd over folds; extra args go to `train`")
+    s.add_argument("--platform", required=True, help="platform name (conf/platform/<name>)")
+    s.add_argument("--data", required=True, help="dataset path(s), comma separated")
+    s.add_argument("--folds", type=int, default=None,
+                   help="number of folds (default: leave one run out within each task)")
+    s.add_argument("--max-folds", type=int, default=None,
+                   help="score only the first N folds (quicker, noisier)")
+    s.add_argument("--jobs", type=int, default=1, help="folds trained at the same time")
+    s.add_argument("--out", default="runs/cv", help="output folder (cv.md, cv.json, cv.png)")
+    s.set_defaults(func=_cv, passthrough=True)
 
     s = sub.add_parser("infer", help="causal force/gate/condition from telemetry (no simulator)")
     s.add_argument("--ckpt", required=True)

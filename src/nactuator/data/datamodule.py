@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from nactuator.data.curriculum import HorizonCurriculum
+from nactuator.data.folds import fold_splits
 from nactuator.data.format import SPLITS, DataFormatError, read_dataset
 from nactuator.data.stats import median_within_episodes, norm_stats
 from nactuator.platforms import Platform, load_platform
@@ -135,6 +136,9 @@ class NADDataModule(L.LightningDataModule):
             temperature before use; removes telemetry glitches (single frames and bursts of
             up to window // 2 frames). 1 serves the raw values.
         eval_batch_size: whole episodes per validation/test batch (default: all of them).
+        cv_folds, cv_fold: serve fold ``cv_fold`` of a ``cv_folds``-fold cross-validation
+            by trajectory instead of the stored splits (:mod:`nactuator.data.folds`: the
+            held-out runs become the test split, the next group validates).
     """
 
     def __init__(
@@ -148,6 +152,8 @@ class NADDataModule(L.LightningDataModule):
         seed: int = 0,
         temperature_median: int = 11,
         eval_batch_size: int | None = None,
+        cv_folds: int | None = None,
+        cv_fold: int = 0,
     ) -> None:
         super().__init__()
         self.paths = _as_paths(paths)
@@ -175,6 +181,7 @@ class NADDataModule(L.LightningDataModule):
             raise ValueError(f"temperature_median must be a positive odd number of frames, "
                              f"got {temperature_median}")
         self.temperature_median = int(temperature_median)
+        self.cv = None if cv_folds is None else (int(cv_folds), int(cv_fold))
         self.epoch = 0  # the epoch used when no Trainer is attached
         self._loaded = False
         self._warned: set[int] = set()
@@ -273,14 +280,22 @@ class NADDataModule(L.LightningDataModule):
                     f"platform {p.name!r} channels {p.channel_names}"
                 )
             datasets.append(ds)
+        splits = {(pos, e.index): e.split for pos, ds in enumerate(datasets)
+                  for e in ds.episodes}
+        if self.cv is not None:
+            refs = [(pos, e.index, e.task, e.split) for pos, ds in enumerate(datasets)
+                    for e in ds.episodes]
+            splits = fold_splits(refs, *self.cv)
         episodes, parts = [], []
         self._unrecorded: dict[str, dict[str, list[str]]] = {}
-        for ds in datasets:
+        for pos, ds in enumerate(datasets):
             recorded = {k: np.zeros(n, bool) for k in _MODEL_INPUTS}
             for e in ds.episodes:
+                if splits[(pos, e.index)] == "excluded":
+                    continue
                 episodes.append(
-                    EpisodeInfo(len(episodes), str(ds.root), e.index, e.task, e.split,
-                                e.length, e.payload_mass)
+                    EpisodeInfo(len(episodes), str(ds.root), e.index, e.task,
+                                splits[(pos, e.index)], e.length, e.payload_mass)
                 )
                 parts.append(e.frames)
                 for key in _MODEL_INPUTS:

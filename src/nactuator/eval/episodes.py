@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from nactuator.data import Episode, read_dataset
+from nactuator.data.folds import fold_splits
 from nactuator.data.stats import median_within_episodes
 from nactuator.errors import UserError
 from nactuator.eval.metrics import CONTACT_THRESHOLD_N
@@ -68,28 +69,39 @@ def split_paths(data: str | Path | Sequence[str | Path]) -> list[Path]:
     return paths
 
 
-def load_episodes(data, platform: Platform, split: str | None) -> list[Episode]:
-    """Every episode of ``split`` (None = all) in the dataset(s) ``data``.
+def load_episodes(data, platform: Platform, split: str | None,
+                  cv: tuple[int, int] | None = None) -> list[Episode]:
+    """Every episode of ``split`` (None = all) in the dataset(s) ``data``; with ``cv =
+    (folds, fold)`` the splits of that cross-validation fold (:mod:`nactuator.data.folds`).
 
     Raises :class:`EvalDataError` if a dataset was recorded on another platform or an
     episode is unusable; returns [] when the split is simply empty.
     """
-    return [ep for _, ep in load_with_sources(data, platform, split)]
+    return [ep for _, ep in load_with_sources(data, platform, split, cv)]
 
 
-def load_with_sources(data, platform: Platform,
-                      split: str | None) -> list[tuple[Path, Episode]]:
+def load_with_sources(data, platform: Platform, split: str | None,
+                      cv: tuple[int, int] | None = None) -> list[tuple[Path, Episode]]:
     """Like :func:`load_episodes`, each episode paired with the dataset it came from
     (episode indices are only unique within one dataset)."""
-    out: list[tuple[Path, Episode]] = []
+    datasets = []
     for path in split_paths(data):
         ds = read_dataset(path)
         if ds.platform != platform.name:
             raise EvalDataError(
                 f"{path}: dataset is for platform {ds.platform!r} but the checkpoint is for "
                 f"{platform.name!r}; evaluate a checkpoint on data of its own platform")
+        datasets.append((path, ds))
+    splits = {(pos, ep.index): ep.split for pos, (_, ds) in enumerate(datasets)
+              for ep in ds.episodes}
+    if cv is not None:
+        splits = fold_splits([(pos, ep.index, ep.task, ep.split)
+                              for pos, (_, ds) in enumerate(datasets) for ep in ds.episodes],
+                             *cv)
+    out: list[tuple[Path, Episode]] = []
+    for pos, (path, ds) in enumerate(datasets):
         for ep in ds.episodes:
-            if split is None or ep.split == split:
+            if split is None or splits[(pos, ep.index)] == split:
                 check_episode(ep, platform.n, path)
                 out.append((path, ep))
     return out

@@ -23,6 +23,7 @@ from nactuator.eval.episodes import (
     split_paths,
     temperature_window,
 )
+from nactuator.eval.infer import predict_episodes
 from nactuator.eval.plots import plot_force, plot_joints
 from nactuator.eval.protocol import rollout, score_episode
 from nactuator.eval.references import LinearForceReference
@@ -38,8 +39,10 @@ MAX_PLOTTED_EPISODES = 12  # plots are for looking at, not for every episode of 
 
 
 
-def _linear_reference(data, platform, window: int) -> tuple[LinearForceReference | None, dict]:
-    train = [filter_temperature(ep, window) for ep in load_episodes(data, platform, "train")]
+def _linear_reference(data, platform, window: int,
+                      cv: tuple[int, int] | None) -> tuple[LinearForceReference | None, dict]:
+    train = [filter_temperature(ep, window)
+             for ep in load_episodes(data, platform, "train", cv)]
     if not train:
         return None, {"unavailable": "the dataset has no train split to fit it on"}
     try:
@@ -57,12 +60,14 @@ def _group(per_episode: list[dict], tasks: set[str]) -> dict | None:
 
 def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
              split: str = "test", out: str | os.PathLike = "eval", device: str = "cpu",
-             horizons: Sequence[int] = M.HORIZONS) -> str:
+             horizons: Sequence[int] = M.HORIZONS, cv: tuple[int, int] | None = None) -> str:
     """Run the published protocol on every episode of ``split``; returns ``metrics.md``.
 
     Writes ``metrics.json`` (every per-episode, per-task and mean figure), ``metrics.md``
-    and PNG plots into ``out``. Raises :class:`EvalDataError` for data that cannot be
-    evaluated with this checkpoint (other platform, a missing input channel, empty split).
+    and PNG plots into ``out``. ``cv = (folds, fold)`` evaluates with the splits of that
+    cross-validation fold (its held-out runs are ``split="test"``). Raises
+    :class:`EvalDataError` for data that cannot be evaluated with this checkpoint (other
+    platform, a missing input channel, empty split).
     """
     from nactuator.sim import Simulator
 
@@ -75,23 +80,26 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
                             f"{platform.name!r} has {platform.n}")
     # The model sees temperature exactly as in training (the DataModule's running median).
     window = temperature_window(meta)
-    sources = [(path, filter_temperature(ep, window))
-               for path, ep in load_with_sources(data, platform, split)]
+    recorded = load_with_sources(data, platform, split, cv)
+    sources = [(path, filter_temperature(ep, window)) for path, ep in recorded]
     episodes = [ep for _, ep in sources]
     if not episodes:
         where = ", ".join(str(p) for p in split_paths(data))
         raise EvalDataError(f"{where}: no episodes in split {split!r}")
-    linear, linear_info = _linear_reference(data, platform, window)
+    linear, linear_info = _linear_reference(data, platform, window, cv)
 
     scales, units = M.channel_scales([c.kind for c in platform.channels])
     sim = Simulator(platform, device=device)
     # Every episode of the split in one batch (eval mode, no autograd: deterministic).
     rollouts = rollout(actuator, sim, episodes, device=device)
+    # The deployment path on the same episodes: recorded state, causal temperature filter.
+    causal = predict_episodes(actuator, [filter_temperature(ep, window, causal=True)
+                                         for _, ep in recorded])
 
     paths = split_paths(data)
     per_episode = []
-    for (path, ep), ro in zip(sources, rollouts, strict=True):
-        scores = score_episode(ep, ro, scales, linear, horizons)
+    for (path, ep), ro, live in zip(sources, rollouts, causal, strict=True):
+        scores = score_episode(ep, ro, scales, linear, horizons, causal=live)
         per_episode.append({"dataset": str(path), **scores})
     quiet_tasks = {e.task for e in episodes} - {e.task for e in episodes if not is_no_contact(e)}
     aggregate = {
@@ -122,6 +130,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
         "weights": meta.get("weights"),
         "data": [str(p) for p in paths],
         "split": split,
+        "cv": None if cv is None else {"folds": cv[0], "fold": cv[1]},
         "platform": platform.name,
         "device": device,
         "episodes": len(episodes),
@@ -131,6 +140,8 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
                      for c, u in zip(platform.channels, units, strict=True)],
         "arm_indices": platform.arm_indices,
         "references": {"command_following": {"definition": "q[i+1] predicted as q_cmd[i]"},
+                       "model_causal": {"definition": "the model on recorded state, causal "
+                                        "temperature filter: the `infer`/`live` path"},
                        "linear_regression": linear_info},
         "temperature_median": window,
         "notes": notes,

@@ -79,8 +79,12 @@ def _force_block(pred: np.ndarray, label: np.ndarray, horizons) -> dict:
 
 def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
                   linear: LinearForceReference | None = None,
-                  horizons: Sequence[int] = M.HORIZONS) -> dict:
-    """Every metric of one episode's rollout, in reported units (deg / mm / N)."""
+                  horizons: Sequence[int] = M.HORIZONS,
+                  causal: dict[str, np.ndarray] | None = None) -> dict:
+    """Every metric of one episode's rollout, in reported units (deg / mm / N).
+
+    ``causal`` (the ``infer`` path's per-frame ``force``/``gate`` on recorded state) adds
+    the model's deployment-mode force rows (``model_causal``) beside the rollout's."""
     q_true = ep.frames["q"][1:].astype(np.float64)
     steps = len(q_true)
     out: dict = {"task": ep.task, "episode_index": ep.index, "episodes": 1, "steps": steps}
@@ -95,6 +99,8 @@ def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
     o = FORCE_LABEL_OFFSET
     f_label = force_labels(ep)[o:o + steps]
     out["force"] = {"model": _force_block(ro.force, f_label, horizons)}
+    if causal is not None:
+        out["force"]["model_causal"] = _force_block(causal["force"][:steps], f_label, horizons)
     f_lin = None
     if linear is not None:
         f_lin = linear.predict(ep)[:steps]
@@ -116,6 +122,9 @@ def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
         out["unlabelled_frames"] = M.no_contact_metrics(ro.gate[~labelled], ro.force[~labelled])
     if no_contact_run:
         out["no_contact_run"] = {"model": M.no_contact_metrics(ro.gate, ro.force)}
+        if causal is not None:
+            out["no_contact_run"]["model_causal"] = M.no_contact_metrics(
+                causal["gate"][:steps], causal["force"][:steps])
         if f_lin is not None:
             lin = M.no_contact_metrics(np.zeros(steps), f_lin)
             out["no_contact_run"]["linear_regression"] = {

@@ -9,6 +9,7 @@ __all__ = ["markdown_report"]
 
 _METHOD_NAMES = {
     "model": "model",
+    "model_causal": "model, causal (recorded state: infer/live)",
     "command_following": "command following (q = goal)",
     "linear_regression": "linear regression (train split)",
 }
@@ -152,6 +153,11 @@ def markdown_report(result: Mapping) -> str:
         rows.append(["no-contact runs (whole episode)", str(nc["model"]["frames"]),
                      _pct(nc["model"]["false_contact_rate"]),
                      _num(nc["model"]["mean_force_norm"], 3), _num(lin_norm, 3)])
+        if "model_causal" in nc:
+            rows.append(["no-contact runs, causal (infer/live)",
+                         str(nc["model_causal"]["frames"]),
+                         _pct(nc["model_causal"]["false_contact_rate"]),
+                         _num(nc["model_causal"]["mean_force_norm"], 3), "—"])
     if rows:
         lines += _table(["frames", "n", "false-contact rate (gate > 0.5)",
                          "model mean \\|f̂\\| (N)", "linear mean \\|f̂\\| (N)"], rows)

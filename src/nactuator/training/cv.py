@@ -1,0 +1,258 @@
+"""``nactuator cv``: k-fold cross-validation by trajectory, the number recipes are judged by.
+
+One validation file is noise. For each fold (:mod:`nactuator.data.folds`: by default
+leave-one-run-out within each task over the train + validation runs) this trains the same
+configuration as ``nactuator train`` with that fold's splits, then scores the held-out runs
+with the evaluation protocol (``nactuator eval``, rollout and causal modes) for the
+checkpoint picked by validation (``best``, selected on the fold's inner validation runs,
+never on the held-out ones) and for ``last``. The summary gives every metric's mean ± sd,
+min and max over folds, next to the references scored on the same held-out runs.
+
+Folds run as subprocesses (``--jobs`` at a time, one torch thread each); a fold whose
+scores exist is not run again, so an interrupted CV continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nactuator.atomic import write_json, write_text
+from nactuator.data import read_dataset
+from nactuator.data.folds import runs_per_task
+from nactuator.errors import UserError
+from nactuator.platforms import load_platform
+
+__all__ = ["CVError", "run_cv", "summarize_folds"]
+
+SELECTIONS = ("best", "last")
+
+
+class CVError(UserError, RuntimeError):
+    """A cross-validation cannot run or a fold failed; the message says which and why."""
+
+
+def _data_paths(data: str | Sequence[str]) -> list[str]:
+    items = data.split(",") if isinstance(data, str) else list(data)
+    paths = [str(p).strip() for p in items if str(p).strip()]
+    if not paths:
+        raise CVError("cv needs --data: one or more dataset folders")
+    return paths
+
+
+def default_folds(paths: Sequence[str]) -> int:
+    """Leave-one-run-out within each task: as many folds as the task with most runs."""
+    refs = [(pos, ep.index, ep.task, ep.split) for pos, path in enumerate(paths)
+            for ep in read_dataset(path).episodes]
+    counts = runs_per_task(refs)
+    if not counts or max(counts.values()) < 2:
+        raise CVError(f"{', '.join(paths)}: cross-validation needs a task with at least 2 "
+                      f"train/validation runs (runs per task: {counts})")
+    return max(counts.values())
+
+
+def _checkpoint(fold_dir: Path, selection: str) -> Path:
+    pattern = "last.ckpt" if selection == "last" else "best-*.ckpt"
+    found = sorted(fold_dir.rglob(pattern), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise CVError(f"{fold_dir}: training left no {pattern} (see {fold_dir / 'train.log'})")
+    return found[-1]
+
+
+def _run(command: list[str], log: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
+    with open(log, "a") as sink:
+        sink.write("$ " + " ".join(command) + "\n")
+        sink.flush()
+        code = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, env=env).returncode
+    if code != 0:
+        raise CVError(f"`{' '.join(command[2:6])} ...` failed with exit code {code}; "
+                      f"its output is in {log}")
+
+
+def _run_fold(platform: str, paths: list[str], folds: int, fold: int, out: Path,
+              extra_args: Sequence[str]) -> dict[str, Path]:
+    fold_dir = out / f"fold_{fold}"
+    scores = {s: fold_dir / f"eval_{s}" / "metrics.json" for s in SELECTIONS}
+    if all(p.is_file() for p in scores.values()):
+        return scores
+    shutil.rmtree(fold_dir, ignore_errors=True)  # a fold interrupted half-way starts over
+    fold_dir.mkdir(parents=True)
+    log = fold_dir / "train.log"
+    cli = [sys.executable, "-m", "nactuator.cli"]
+    _run(cli + ["train", "--platform", platform, "--data", ",".join(paths),
+                f"--data.cv_folds={folds}", f"--data.cv_fold={fold}",
+                f"--trainer.default_root_dir={fold_dir}", "--logger", "csv",
+                "--trainer.enable_progress_bar=false", *extra_args], log)
+    for selection in SELECTIONS:
+        _run(cli + ["eval", "--ckpt", str(_checkpoint(fold_dir, selection)),
+                    "--data", ",".join(paths), "--split", "test", "--cv-folds", str(folds),
+                    "--cv-fold", str(fold), "--out", str(scores[selection].parent)], log)
+    return scores
+
+
+# ------------------------------------------------------------------------ summary
+
+
+def _arm(values: Sequence[float] | None, arm: Sequence[int], how: str) -> float | None:
+    if values is None or any(values[i] is None for i in arm):
+        return None
+    picked = [values[i] for i in arm]
+    return float(np.mean(picked)) if how == "mean" else float(np.max(picked))
+
+
+def fold_row(metrics: dict) -> dict[str, float | None]:
+    """The figures one fold contributes, from its ``metrics.json`` (full trajectory)."""
+    arm = metrics["arm_indices"]
+    row: dict[str, float | None] = {}
+    for group in ("all", "contact", "no_contact"):
+        block = (metrics["aggregate"].get(group) or {}).get("mean")
+        if block is None:
+            continue
+        prefix = "" if group == "all" else f"{group}/"
+        joints = block["joints"]
+        for method, name in (("model", "model"), ("command_following", "command following")):
+            full = joints.get(method, {}).get("full")
+            row[f"{prefix}arm mean (deg), {name}"] = _arm(full, arm, "mean")
+            row[f"{prefix}worst arm joint (deg), {name}"] = _arm(full, arm, "max")
+        for method, name in (("model", "model rollout"), ("model_causal", "model causal"),
+                             ("linear_regression", "linear regression")):
+            full = block["force"].get(method, {}).get("full")
+            if full is not None:
+                row[f"{prefix}force 3-axis (N), {name}"] = full["mae"]
+                row[f"{prefix}force z (N), {name}"] = full["mae_z"]
+        nc = block.get("no_contact_run")
+        if group == "no_contact" and nc:
+            for method, name in (("model", "model rollout"), ("model_causal", "model causal")):
+                if method in nc:
+                    row[f"{prefix}false contacts (%), {name}"] = 100 * nc[method][
+                        "false_contact_rate"]
+                    row[f"{prefix}mean ‖f̂‖ (N), {name}"] = nc[method]["mean_force_norm"]
+    return row
+
+
+def summarize_folds(rows: Sequence[dict[str, float | None]]) -> dict[str, dict[str, Any]]:
+    """Per metric: the per-fold values and their mean, sd (n − 1), min and max. A fold
+    whose value is missing (e.g. a diverged rollout) makes the summary None, not hidden."""
+    keys = [k for k in rows[0]] + [k for r in rows[1:] for k in r if k not in rows[0]]
+    out: dict[str, dict[str, Any]] = {}
+    for key in keys:
+        values = [r.get(key) for r in rows]
+        known = [v for v in values if v is not None and math.isfinite(v)]
+        complete = len(known) == len(values)
+        out[key] = {
+            "folds": values,
+            "mean": float(np.mean(known)) if complete else None,
+            "sd": float(np.std(known, ddof=1)) if complete and len(known) > 1 else None,
+            "min": float(min(known)) if known else None,
+            "max": float(max(known)) if known else None,
+        }
+    return out
+
+
+def _fmt(x: float | None, digits: int) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def markdown_summary(summary: dict[str, dict[str, dict]], header: list[str]) -> str:
+    lines = header + [""]
+    for selection, table in summary.items():
+        lines += [f"## checkpoint `{selection}`", "",
+                  "| metric | mean ± sd | min | max | per fold |", "|---|---|---|---|---|"]
+        for key, s in table.items():
+            digits = 1 if "%" in key else 3 if "(N)" in key else 2
+            per_fold = ", ".join(_fmt(v, digits) for v in s["folds"])
+            lines.append(f"| {key} | {_fmt(s['mean'], digits)} ± {_fmt(s['sd'], digits)} | "
+                         f"{_fmt(s['min'], digits)} | {_fmt(s['max'], digits)} | {per_fold} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_summary(summary: dict[str, dict[str, dict]], path: Path) -> Path:
+    """Per-fold values of the headline metrics: model vs references, one panel each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from nactuator.atomic import atomic_path
+
+    table = summary.get("best") or next(iter(summary.values()))
+    panels = [("arm mean (deg)", "joints: arm mean (deg)"),
+              ("worst arm joint (deg)", "joints: worst arm joint (deg)"),
+              ("force 3-axis (N)", "force 3-axis MAE (N)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    for ax, (stem, title) in zip(axes, panels, strict=True):
+        for key, s in table.items():
+            if key.startswith(stem):
+                vals = [np.nan if v is None else v for v in s["folds"]]
+                ax.plot(range(len(vals)), vals, "o-", label=key.split(", ", 1)[1])
+        ax.set_title(title)
+        ax.set_xlabel("fold (held-out runs)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    return path
+
+
+def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
+           max_folds: int | None = None, jobs: int = 1, out: str | os.PathLike = "runs/cv",
+           extra_args: Sequence[str] = ()) -> str:
+    """Cross-validate ``nactuator train --platform platform --data data [extra_args]``.
+
+    Writes ``cv.json``, ``cv.md`` and ``cv.png`` into ``out`` (plus one folder per fold);
+    returns ``cv.md``. ``max_folds`` runs only the first folds (a quicker, noisier look).
+    """
+    from tqdm import tqdm
+
+    name = load_platform(platform).name
+    paths = _data_paths(data)
+    k = folds if folds is not None else default_folds(paths)
+    chosen = list(range(k if max_folds is None else min(k, max_folds)))
+    if jobs < 1:
+        raise CVError(f"--jobs must be >= 1, got {jobs}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    done: dict[int, dict[str, Path]] = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool, \
+            tqdm(total=len(chosen), desc=f"cv {name} ({k} folds)", unit="fold") as bar:
+        futures = {pool.submit(_run_fold, name, paths, k, f, out, list(extra_args)): f
+                   for f in chosen}
+        for future in as_completed(futures):
+            done[futures[future]] = future.result()
+            bar.update(1)
+    summary = {}
+    for selection in SELECTIONS:
+        rows = [fold_row(json.loads(done[f][selection].read_text())) for f in chosen]
+        summary[selection] = summarize_folds(rows)
+    header = [f"# Cross-validation: {name}, {len(chosen)} of {k} folds", "",
+              f"- data: {', '.join(f'`{p}`' for p in paths)}; folds by trajectory "
+              "(nactuator.data.folds: run j of each task in group j % k; fold f holds out "
+              "group f, validates on group f + 1, trains on the rest)",
+              f"- recipe: `nactuator train --platform {name}` "
+              + (f"`{' '.join(extra_args)}`" if extra_args else "(defaults)"),
+              "- scores: `nactuator eval` on the held-out runs, full trajectory, mean over "
+              "tasks; sd over folds (n − 1)",
+              f"- wall time {time.perf_counter() - t0:.0f} s with {jobs} job(s)"]
+    text = markdown_summary(summary, header)
+    write_json(out / "cv.json", {"platform": name, "data": paths, "folds": k,
+                                 "scored_folds": chosen, "extra_args": list(extra_args),
+                                 "summary": summary})
+    write_text(out / "cv.md", text)
+    plot_summary(summary, out / "cv.png")
+    return text

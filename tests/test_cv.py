@@ -1,0 +1,87 @@
+"""Cross-validation by trajectory: the folds, the summary, and one small `nactuator cv` run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_training import write_sim_dataset
+
+from nactuator.data import DataFormatError
+from nactuator.data.datamodule import NADDataModule
+from nactuator.data.folds import fold_splits
+from nactuator.training.cv import run_cv, summarize_folds
+
+
+def refs(runs_per_task: dict[str, int], test_runs: int = 1):
+    out, index = [], 0
+    for task, runs in runs_per_task.items():
+        for j in range(runs + test_runs):
+            out.append((0, index, task, "test" if j >= runs else
+                        ("validation" if j == 0 else "train")))
+            index += 1
+    return out
+
+
+def test_leave_one_run_out_holds_out_each_run_exactly_once():
+    episodes = refs({"push": 4, "ref": 4})
+    held = {}
+    for fold in range(4):
+        splits = fold_splits(episodes, 4, fold)
+        test = [k for k, s in splits.items() if s == "test"]
+        val = [k for k, s in splits.items() if s == "validation"]
+        assert len(test) == 2 and len(val) == 2  # one run of each task
+        assert not set(test) & set(val)
+        for key in test:
+            held[key] = held.get(key, 0) + 1
+        # the stored test runs never take part
+        assert all(splits[(0, i)] == "excluded" for _, i, _, split in episodes
+                   if split == "test")
+    pool = [(0, i) for _, i, _, split in episodes if split != "test"]
+    assert held == {k: 1 for k in pool}
+
+
+def test_fold_arguments_are_checked():
+    with pytest.raises(DataFormatError, match="folds >= 2"):
+        fold_splits(refs({"a": 3}), 1, 0)
+    with pytest.raises(DataFormatError, match="fold must be in 0..2"):
+        fold_splits(refs({"a": 3}), 3, 3)
+
+
+def test_the_datamodule_serves_a_fold(tmp_path):
+    data = write_sim_dataset(tmp_path / "ds", "so101", frames=24,
+                             splits={"train": 3, "validation": 1, "test": 1})
+    dm = NADDataModule(data, "so101", horizon=4, cv_folds=4, cv_fold=1)
+    splits = [e.split for e in dm.episodes]
+    assert sorted(splits) == ["test", "train", "train", "validation"]  # stored test excluded
+    held_out = next(e for e in dm.episodes if e.split == "test")
+    assert held_out.dataset_episode == 1  # run 1 of the task (runs ordered by index)
+
+
+def test_summary_is_mean_sd_min_max_and_a_missing_fold_shows():
+    s = summarize_folds([{"a": 1.0, "b": 2.0}, {"a": 3.0, "b": None}])
+    assert s["a"]["mean"] == 2.0 and s["a"]["sd"] == pytest.approx(np.sqrt(2.0))
+    assert (s["a"]["min"], s["a"]["max"]) == (1.0, 3.0)
+    assert s["b"]["mean"] is None and s["b"]["folds"] == [2.0, None]
+
+
+def test_cv_trains_and_scores_a_fold_and_resumes(tmp_path):
+    data = write_sim_dataset(tmp_path / "ds", "so101", frames=32,
+                             splits={"train": 2, "validation": 1})
+    recipe = ["--trainer.max_epochs=1", "--data.samples_per_epoch=4", "--data.horizon=3"]
+    text = run_cv("so101", str(data), out=tmp_path / "cv", max_folds=1, extra_args=recipe)
+    result = json.loads((tmp_path / "cv" / "cv.json").read_text())
+    assert result["folds"] == 3 and result["scored_folds"] == [0]  # leave one run out
+    for selection in ("best", "last"):
+        arm = result["summary"][selection]["arm mean (deg), model"]
+        assert len(arm["folds"]) == 1 and arm["folds"][0] >= 0
+        held = json.loads((tmp_path / "cv" / "fold_0" / f"eval_{selection}" /
+                           "metrics.json").read_text())
+        assert held["cv"] == {"folds": 3, "fold": 0} and held["episodes"] == 1
+    assert "| arm mean (deg), model |" in text and (tmp_path / "cv" / "cv.png").is_file()
+    # a finished fold is not run again
+    stamp = (tmp_path / "cv" / "fold_0" / "eval_best" / "metrics.json").stat().st_mtime_ns
+    run_cv("so101", str(data), out=tmp_path / "cv", max_folds=1, extra_args=recipe)
+    assert (tmp_path / "cv" / "fold_0" / "eval_best" / "metrics.json").stat().st_mtime_ns \
+        == stamp
