@@ -268,3 +268,13 @@ def test_lightning_fit_with_a_horizon_curriculum(coded):
     train = [t for kind, _, t in seen if kind == "train"]
     assert train == [14, 14, 18, 18]  # 2 batches per epoch; T = L + H
     assert ("val", 1, 8 + 30) in seen  # validation serves the whole episode
+
+
+def test_a_missing_split_is_a_clear_error(tmp_path):
+    with DatasetWriter(tmp_path / "ds", OMX, OMX.fps) as w:
+        w.add_episode(coded_frames(0, 30), "t", "train")
+        w.add_episode(coded_frames(1, 30), "t", "validation")
+    dm = NADDataModule(tmp_path / "ds", "omx")
+    with pytest.raises(DataFormatError, match=r"no test episodes \(episodes per split: "
+                       r"\{'train': 1, 'validation': 1, 'test': 0\}\)"):
+        dm.test_dataloader()

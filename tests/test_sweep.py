@@ -38,7 +38,11 @@ def test_architecture_sweep_is_a_runnable_wandb_grid():
     runs = configurations(spec)
     assert len(runs) == 4 * len(spec["parameters"]["model.width"]["values"])
     assert runs[0] == {"model.arch": "transformer", "model.width": 32, "model.depth": 1}
-    cmd = build_command(spec, runs[1], ["--trainer.max_steps=2"])
+    # --max-runs 4 reaches every architecture (the first parameter varies fastest)
+    assert [r["model.arch"] for r in configurations(spec, max_runs=4)] == [
+        "transformer", "mlp", "gru", "lstm"]
+    assert sorted(map(str, runs)) == sorted({str(r) for r in runs})  # no duplicates
+    cmd = build_command(spec, runs[4], ["--trainer.max_steps=2"])
     assert cmd[0] == sys.executable
     assert cmd[1:5] == ["-m", "nactuator.cli", "train", "--platform"]
     assert "--model.arch=transformer" in cmd and "--model.width=64" in cmd

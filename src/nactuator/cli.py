@@ -224,7 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sweep", help="run a wandb-format sweep YAML locally (offline)")
     s.add_argument("file")
     s.add_argument("--max-runs", type=int, default=None)
-    s.add_argument("--method", default=None, choices=[None, "grid", "random"])
+    s.add_argument("--method", default=None, choices=["grid", "random"],
+                   help="override the file's method (grid: every combination, the first "
+                        "parameter varying fastest; random: --max-runs seeded draws)")
     s.add_argument("--out", default="runs/sweep")
     s.add_argument("extra", nargs="*", help="extra LightningCLI args for every run")
     s.set_defaults(func=_sweep, passthrough=True)

@@ -449,4 +449,12 @@ class NADDataModule(L.LightningDataModule):
 
     def _episode_loader(self, split: str) -> DataLoader:
         self._load()
+        if not (self._split_of == split).any():
+            counts = {s: int((self._split_of == s).sum()) for s in SPLITS}
+            where = ", ".join(str(p) for p in self.paths)
+            hint = ("validation picks the best checkpoint (val/loss)" if split == "validation"
+                    else "evaluate another split, e.g. `nactuator validate` or "
+                         "`nactuator eval --split validation`")
+            raise DataFormatError(
+                f"{where}: no {split} episodes (episodes per split: {counts}); {hint}")
         return DataLoader(_Episodes(self, split), batch_size=None)

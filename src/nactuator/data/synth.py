@@ -227,9 +227,11 @@ def synthesize(
         raise
     elapsed = time.perf_counter() - started
     sim_s = frames_total * plat.control_dt
+    per_split = [split_for(r, trajectories_per_task) for r in range(trajectories_per_task)]
+    split_text = " / ".join(f"{per_split.count(s)} {s}" for s in ("train", "validation", "test"))
     return (
         f"synthesized {len(names) * trajectories_per_task} episodes ({len(names)} tasks x "
-        f"{trajectories_per_task} trajectories, split 8:1:1), {frames_total} frames "
+        f"{trajectories_per_task} trajectories: {split_text} per task), {frames_total} frames "
         f"({sim_s:.0f} s at {1 / plat.control_dt:.1f} Hz) for {plat.name} into {out_path}; "
         f"world {resolved['source']} seed {seed}; took {elapsed:.1f} s"
     )

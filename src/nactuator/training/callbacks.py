@@ -36,8 +36,6 @@ class LossReport(L.Callback):
         value = trainer.callback_metrics.get(self.key)
         if value is not None:
             self.losses.append(float(value))
-            if len(self.losses) == 1 and trainer.is_global_zero:
-                print(f"\n[nactuator] {self.key} at start: {self.losses[0]:.4g}", flush=True)
 
     def summary(self) -> dict[str, float]:
         finite = [x for x in self.losses if math.isfinite(x)]

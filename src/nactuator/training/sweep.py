@@ -1,9 +1,9 @@
 """A local, offline driver for wandb-format sweep files (``conf/sweeps/*.yaml``).
 
 The same YAML runs online with ``wandb sweep FILE`` + ``wandb agent ID``. Here each
-configuration of the sweep (grid: every combination in file order; random: ``max_runs``
-seeded draws) is run as the sweep's own ``command`` in a subprocess, with wandb forced
-offline, and its final metrics are read back from a JSON file the run writes. The
+configuration of the sweep (grid: every combination, the first parameter varying fastest;
+random: ``max_runs`` seeded draws) is run as the sweep's own ``command`` in a subprocess,
+with wandb forced offline, and its final metrics are read back from a JSON file the run writes. The
 result is a ranked markdown table of the sweep metric, also written with all figures to
 ``<out>/results.json`` and ``<out>/results.md``.
 """
@@ -84,8 +84,10 @@ def _sample(name: str, p: dict, rng: random.Random) -> Any:
 
 def configurations(spec: dict, method: str | None = None, max_runs: int | None = None,
                    seed: int = 0) -> list[dict[str, Any]]:
-    """The runs of a sweep, in order: grid = the full product (truncated to ``max_runs``),
-    random = ``max_runs`` draws from a generator seeded with ``seed``."""
+    """The runs of a sweep, in order: grid = the full product with the first parameter
+    varying fastest, so that ``max_runs`` N covers every value of the first parameter (e.g.
+    every architecture) before repeating one; random = ``max_runs`` draws from a generator
+    seeded with ``seed``."""
     method = method or spec.get("method")
     where = spec.get("_path", "sweep")
     if method not in METHODS:
@@ -103,7 +105,8 @@ def configurations(spec: dict, method: str | None = None, max_runs: int | None =
                     f"a distribution; use --method random"
                 )
             axes.append([(name, v) for v in (p["values"] if "values" in p else [p["value"]])])
-        runs = [dict(combo) for combo in itertools.product(*axes)]
+        runs = [dict(reversed(combo)) for combo in itertools.product(*reversed(axes))]
+        runs = [{name: run[name] for name in params} for run in runs]  # file order of keys
         return runs[:max_runs] if max_runs is not None else runs
     if max_runs is None:
         raise SweepError(f"{where}: a random sweep needs --max-runs")
