@@ -328,12 +328,13 @@ class DatasetWriter:
     (see the module docstring). Used as a context manager, an exception inside the block
     discards the buffered episodes and leaves the dataset exactly as it was.
 
-    Opening is read-only. The first call that changes the dataset (:meth:`add_episode`,
-    :meth:`begin_episode`, :meth:`flush`, :meth:`episode_metas`) takes the dataset's
-    writer lock, removes what an interrupted append left, and commits episodes whose
-    recording was interrupted (:attr:`recovered`). A new dataset's folder is created then,
-    committed empty before anything else, so a crash can never leave a folder that later
-    runs refuse.
+    Opening an existing dataset takes its writer lock at once (a second writer is refused
+    before it starts any work), removes what an interrupted append left, and commits
+    episodes whose recording was interrupted (:attr:`recovered`); :meth:`close` or
+    :meth:`abort` releases the lock. A new dataset's folder is created at the first write
+    (:meth:`add_episode`, :meth:`begin_episode`, :meth:`flush`), committed empty before
+    anything else, so a crash can never leave a folder that later runs refuse, and a
+    writer that never writes leaves nothing behind.
     """
 
     def __init__(
@@ -358,10 +359,9 @@ class DatasetWriter:
         self._metas: list[dict] = []  # episode_meta of the committed episodes
         self._closed = False
         if (self.root / "meta" / "info.json").exists():
-            info = _load_info(self.root)
-            self._check_compatible(info)
+            self._check_compatible(_load_info(self.root))  # before locking: refuse cheaply
             self._exists = True
-            self._next_episode = int(info["total_episodes"])
+            self._acquire()
         else:
             if self.root.exists() and not self.root.is_dir():
                 raise DataFormatError(f"{self.root}: exists and is not a folder; expected a "
@@ -413,7 +413,7 @@ class DatasetWriter:
         _, meta = self._check_labels(task, split, episode_meta)
         self._acquire()
         folder = self.root / PRIVATE_DIR / "journal" / EpisodeJournal.new_id()
-        _mkdir_durable(folder)
+        _mkdir_durable(folder.parent)  # once per dataset; the journal fsyncs its own folder
         journal = EpisodeJournal(folder, task, split, meta, self.fps,
                                  chunk_frames=round(chunk_seconds * self.fps))
         self._journals.append(journal)
@@ -435,10 +435,7 @@ class DatasetWriter:
 
     def episode_metas(self) -> list[dict]:
         """The ``episode_meta`` of every committed and buffered episode, in index order
-        (importers look up source hashes here). Takes the writer lock of an existing
-        dataset; creates nothing."""
-        if self._exists or self._closed:
-            self._acquire()
+        (importers look up source hashes here)."""
         return list(self._metas) + [ep.meta for ep in self._pending]
 
     def flush(self) -> None:

@@ -108,5 +108,6 @@ def _unfinished(root: Path, leftovers: int) -> list[str]:
                      "dataset (ignored; the next append removes them)")
     if journals:
         notes.append(f"note: {len(journals)} interrupted recording(s) in {PRIVATE_DIR}/journal "
-                     "will be committed by the next append (e.g. `nactuator record` into it)")
+                     "will be committed by the next writer on it (`nactuator record` or an "
+                     "import into it)")
     return notes

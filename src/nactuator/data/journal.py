@@ -88,9 +88,11 @@ class EpisodeJournal:
         self._pending: list[Future] = []
         folder.mkdir(parents=True, exist_ok=True)
         header = {"task": task, "split": split, "episode_meta": episode_meta, "fps": fps}
-        atomic.write_text(folder / "episode.json", json.dumps(header, indent=2) + "\n")
         self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"journal-{self.id}")
+        # Even the header is written in the background (before any chunk: one worker, in
+        # order), so starting an episode costs the recording loop no disk wait.
+        self._pending.append(self._pool.submit(self._write_header, header))
 
     @staticmethod
     def new_id() -> str:
@@ -147,6 +149,13 @@ class EpisodeJournal:
         self._chunks += 1
         self._pending = [f for f in self._pending if not f.done()]
         self._pending.append(self._pool.submit(self._write_chunk, index, block))
+
+    def _write_header(self, header: dict) -> None:
+        try:
+            atomic.fsync_dir(self.folder.parent)
+            atomic.write_text(self.folder / "episode.json", json.dumps(header, indent=2) + "\n")
+        except BaseException as e:
+            self._error = e
 
     def _write_chunk(self, index: int, block: dict[str, np.ndarray]) -> None:
         if self._error is not None:
