@@ -319,6 +319,14 @@ def test_truncated_last_row(so101_file):
         read_nad_csv(so101_file)
 
 
+def test_labels_come_from_the_folders_not_the_spelling_of_the_path(nad_dir, tmp_path):
+    src = nad_dir / "so101" / "pick_and_place" / "500g" / "validation" / ".." / "validation"
+    import_nad(src, tmp_path / "ds")
+    [ep] = read_dataset(tmp_path / "ds").episodes
+    assert ep.task == "pick_and_place/500g" and ep.split == "validation"
+    assert ep.meta["source"] == "pick_and_place/500g/validation/001.csv"
+
+
 def test_file_outside_a_split_folder(so101_file):
     dst = so101_file.parent.parent / "001.csv"
     so101_file.rename(dst)

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import math
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -127,6 +128,7 @@ def _detect_layout(path: Path, header: list[str], layouts: dict) -> tuple[Platfo
 
 def _labels_from_path(path: Path, platform: Platform) -> tuple[str, str, float, dict]:
     """Task, split, payload mass [kg] and extra meta from the NAD folder layout (§2)."""
+    path = Path(os.path.abspath(path))  # 'so101/500g/..' must not make a task named '..'
     cfg = platform.data["nad"]
     split = path.parent.name
     if split not in SPLITS:
