@@ -243,6 +243,22 @@ def test_a_dataset_damaged_by_an_earlier_version_opens_and_appends(tmp_path):
     assert_no_orphans(root)
 
 
+def test_episodes_appended_by_an_older_version_are_not_rolled_back(tmp_path):
+    """An older nactuator rewrites info.json keeping the commit block it read: its
+    episodes are counted by info.json, and must not be taken for leftovers and deleted."""
+    root = tmp_path / "ds"
+    write(root, BASE)
+    stale = json.loads((root / "meta" / "info.json").read_text())["nactuator"]["commit"]
+    write(root, NEW)
+    info = json.loads((root / "meta" / "info.json").read_text())
+    info["nactuator"]["commit"] = stale
+    (root / "meta" / "info.json").write_text(json.dumps(info))
+    assert_holds(root, BASE + NEW)
+    write(root, NEW[:1])
+    assert_holds(root, BASE + NEW + NEW[:1])
+    assert_no_orphans(root)
+
+
 CHILD = textwrap.dedent("""
     import os, signal, sys
     import numpy as np

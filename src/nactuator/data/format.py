@@ -1119,8 +1119,9 @@ def _committed(root: Path, info: dict) -> _Committed:
     data = _numbered(root / "data")
     total = int(info["total_episodes"])
     commit = info.get("nactuator", {}).get("commit")
+    rows = None
     if commit is not None:
-        n_eps, n_data = int(commit["episodes_files"]), int(commit["data_files"])
+        n_eps = int(commit["episodes_files"])
         kept = [p for k, p in episodes if k < n_eps]
         if len(kept) != n_eps:
             have = {k for k, _ in episodes}
@@ -1128,35 +1129,41 @@ def _committed(root: Path, info: dict) -> _Committed:
             path = root / EPISODES_PATH.format(chunk_index=k // CHUNKS_SIZE,
                                                file_index=k % CHUNKS_SIZE)
             raise DataFormatError(f"{path}: missing file referenced by the dataset")
-        stats = root / "meta" / "stats.json"
-        current = stats.exists() and _sha256(stats.read_bytes()) == commit["stats_sha256"]
-    else:
-        # Written before info.json named its files: the committed episodes files are the
-        # first ones, up to the total info.json counts (later ones: an interrupted append).
+        rows = _episode_rows(kept)
+        if len(rows) == total:
+            n_data = int(commit["data_files"])
+            stats = root / "meta" / "stats.json"
+            current = stats.exists() and _sha256(stats.read_bytes()) == commit["stats_sha256"]
+        else:  # info.json rewritten by a writer that keeps `commit` as it was (an older
+            rows = None  # nactuator appended): its episodes count, so count the files
+    if rows is None:
+        # No usable commit block (written before it existed): the committed episodes files
+        # are the first ones, up to the total info.json counts (later: an interrupted append).
         kept, counted = [], 0
         for _, p in episodes:
             if counted >= total:
                 break
             kept.append(p)
             counted += _read_parquet(p).num_rows
+        rows = _episode_rows(kept)
         n_eps = len(kept)
-        n_data = None
-        current = n_eps == len(episodes)
-    rows = pa.concat_tables([_read_parquet(p) for p in kept]).to_pylist() if kept else []
-    rows.sort(key=lambda r: r["episode_index"])
+        n_data = 1 + max((r["data/chunk_index"] * CHUNKS_SIZE + r["data/file_index"]
+                          for r in rows), default=-1)
+        current = n_eps == len(episodes) and n_data == len(data)  # nothing extra on disk
     if len(rows) != total or [r["episode_index"] for r in rows] != list(range(len(rows))):
         raise DataFormatError(
             f"{root}: meta/episodes holds {len(rows)} episodes but info.json says "
             f"{total} (damaged dataset: episode files missing or edited)"
         )
-    if n_data is None:
-        n_data = 1 + max((r["data/chunk_index"] * CHUNKS_SIZE + r["data/file_index"]
-                          for r in rows), default=-1)
-        current = current and n_data == len(data)
     leftovers = [p for k, p in episodes if k >= n_eps] + [p for k, p in data if k >= n_data]
     staging = root / PRIVATE_DIR / "staging"
     leftovers += sorted(p for p in staging.glob("*") if p.is_file()) + _stray_files(root)
     return _Committed(rows, n_eps, n_data, leftovers, current)
+
+
+def _episode_rows(paths: list[Path]) -> list[dict]:
+    rows = pa.concat_tables([_read_parquet(p) for p in paths]).to_pylist() if paths else []
+    return sorted(rows, key=lambda r: r["episode_index"])
 
 
 def _column_numpy(table: pa.Table, name: str, width: int, where: Path) -> np.ndarray:
