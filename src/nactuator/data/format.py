@@ -26,6 +26,7 @@ Canonical per-frame keys (Contract 1 of docs/architecture.md) map to on-disk fea
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -356,7 +357,7 @@ class DatasetWriter:
         self._pending_bytes = 0
         self._journals: list[EpisodeJournal] = []  # begun, not yet added
         self._lock: _WriterLock | None = None
-        self._metas: list[dict] = []  # episode_meta of the committed episodes
+        self._metas: list[dict] | None = []  # episode_meta of committed episodes (lazy)
         self._closed = False
         if (self.root / "meta" / "info.json").exists():
             self._check_compatible(_load_info(self.root))  # before locking: refuse cheaply
@@ -436,6 +437,9 @@ class DatasetWriter:
     def episode_metas(self) -> list[dict]:
         """The ``episode_meta`` of every committed and buffered episode, in index order
         (importers look up source hashes here)."""
+        if self._metas is None:
+            rows = _committed(self.root, self._info).rows
+            self._metas = [json.loads(r["meta"]) if r["meta"] else {} for r in rows]
         return list(self._metas) + [ep.meta for ep in self._pending]
 
     def flush(self) -> None:
@@ -533,23 +537,23 @@ class DatasetWriter:
     def _open_existing(self) -> None:
         info = _load_info(self.root)
         self._check_compatible(info)
-        state = self._roll_back(info)
+        state, self._tasks = self._roll_back(info)
         if self._metadata:
             info["nactuator"].setdefault("metadata", {}).update(self._metadata)
         self._info = info
-        self._tasks = _load_tasks(self.root)
         stored = _load_json(self.root / "meta" / "stats.json")
         self._stats = {name: _stats_from_json(s) for name, s in stored.items()}
-        self._metas = [json.loads(r["meta"]) if r["meta"] else {} for r in state.rows]
+        self._metas = None  # read from meta/episodes when first needed
         self._next_episode = int(info["total_episodes"])
         self._next_frame = int(info["total_frames"])
         self._next_data_file = state.data_files
         self._next_episodes_file = state.episodes_files
         self._recover_journals()
 
-    def _roll_back(self, info: dict) -> _Committed:
-        """Bring the files to exactly what ``info.json`` commits. Every step is idempotent,
-        so a crash in here is repaired by the next open."""
+    def _roll_back(self, info: dict) -> tuple[_Committed, dict[str, int]]:
+        """Bring the files to exactly what ``info.json`` commits (returns that and the
+        committed tasks). Every step is idempotent: a crash in here is repaired by the next
+        open."""
         state = _committed(self.root, info)
         meta = self.root / "meta"
         total_tasks = int(info.get("total_tasks", 0))
@@ -562,28 +566,30 @@ class DatasetWriter:
                 raise DataFormatError(f"{tasks_path}: holds {len(tasks)} tasks, info.json "
                                       f"commits {total_tasks}; expected at least those")
             _atomic_write_bytes(tasks_path, _parquet_bytes(_tasks_table(kept)))
+            tasks = kept
         if not state.stats_current:  # stats.json of an interrupted append: recompute
             data = _committed_stats_bytes(self.root, info, state.rows)
             _atomic_write_bytes(meta / "stats.json", data)
             info.setdefault("nactuator", {})["commit"] = {
-                "data_files": state.data_files, "episodes_files": state.episodes_files,
-                "stats_sha256": _sha256(data)}
+                "total_episodes": state.total, "data_files": state.data_files,
+                "episodes_files": state.episodes_files, "stats_sha256": _sha256(data)}
             _atomic_write_bytes(meta / "info.json", _json_bytes(_json_safe(info)))
         for p in state.leftovers:
             p.unlink(missing_ok=True)
         if state.leftovers:
             log.warning("%s: removed %d file(s) left by an interrupted write; the dataset "
                         "holds its %d committed episodes", self.root, len(state.leftovers),
-                        len(state.rows))
-        return state
+                        state.total)
+        return state, tasks
 
     def _recover_journals(self) -> None:
         """Commit the frames of recordings whose process died (see EpisodeJournal)."""
         folder = self.root / PRIVATE_DIR / "journal"
-        if not folder.is_dir():
+        journals = sorted(p for p in folder.glob("*") if p.is_dir())
+        if not journals:
             return
-        committed = {m.get("journal") for m in self._metas}
-        for journal in sorted(p for p in folder.iterdir() if p.is_dir()):
+        committed = {m.get("journal") for m in self.episode_metas()}
+        for journal in journals:
             if journal.name in committed:  # committed, then the process died: just delete
                 shutil.rmtree(journal, ignore_errors=True)
                 continue
@@ -661,7 +667,8 @@ class DatasetWriter:
 
     def _after_commit(self) -> None:
         for ep in self._pending:
-            self._metas.append(ep.meta)
+            if self._metas is not None:
+                self._metas.append(ep.meta)
             _discard_journal(ep.journal)
         self._pending = []
         self._pending_bytes = 0
@@ -800,7 +807,8 @@ class DatasetWriter:
                 "channels": p.channel_names,
                 "effort_signal": p.effort_signal,
                 "metadata": metadata,
-                "commit": {"data_files": 0, "episodes_files": 0, "stats_sha256": None},
+                "commit": {"total_episodes": 0, "data_files": 0, "episodes_files": 0,
+                           "stats_sha256": None},
             },
         }
 
@@ -920,6 +928,7 @@ class DatasetWriter:
         meta = self.root / "meta"
         stats = _stats_bytes(self._stats)
         self._info["nactuator"]["commit"] = {
+            "total_episodes": self._info["total_episodes"],
             "data_files": self._next_data_file,
             "episodes_files": self._next_episodes_file,
             "stats_sha256": _sha256(stats),
@@ -1107,11 +1116,24 @@ def _foreign_files(root: Path) -> list[Path]:
 class _Committed:
     """What ``info.json`` commits, and what else lies in the dataset's folders."""
 
-    rows: list[dict]  # committed meta/episodes rows, in episode order
+    root: Path
+    total: int  # episodes committed
+    episodes_paths: list[Path]  # the committed episodes files, in order
     episodes_files: int  # episodes files 0 .. episodes_files - 1 are committed
     data_files: int  # data files 0 .. data_files - 1 are committed
     leftovers: list[Path]  # not committed: ignored by readers, removed by the next writer
     stats_current: bool  # stats.json is the committed one
+
+    @functools.cached_property
+    def rows(self) -> list[dict]:
+        """The committed meta/episodes rows, in episode order (read on first use)."""
+        rows = _episode_rows(self.episodes_paths)
+        if [r["episode_index"] for r in rows] != list(range(self.total)):
+            raise DataFormatError(
+                f"{self.root}: meta/episodes holds {len(rows)} episodes but info.json says "
+                f"{self.total} (damaged dataset: episode files missing or edited)"
+            )
+        return rows
 
 
 def _committed(root: Path, info: dict) -> _Committed:
@@ -1119,7 +1141,6 @@ def _committed(root: Path, info: dict) -> _Committed:
     data = _numbered(root / "data")
     total = int(info["total_episodes"])
     commit = info.get("nactuator", {}).get("commit")
-    rows = None
     if commit is not None:
         n_eps = int(commit["episodes_files"])
         kept = [p for k, p in episodes if k < n_eps]
@@ -1129,14 +1150,16 @@ def _committed(root: Path, info: dict) -> _Committed:
             path = root / EPISODES_PATH.format(chunk_index=k // CHUNKS_SIZE,
                                                file_index=k % CHUNKS_SIZE)
             raise DataFormatError(f"{path}: missing file referenced by the dataset")
-        rows = _episode_rows(kept)
-        if len(rows) == total:
-            n_data = int(commit["data_files"])
-            stats = root / "meta" / "stats.json"
-            current = stats.exists() and _sha256(stats.read_bytes()) == commit["stats_sha256"]
-        else:  # info.json rewritten by a writer that keeps `commit` as it was (an older
-            rows = None  # nactuator appended): its episodes count, so count the files
-    if rows is None:
+        # A writer that does not know `commit` (an older nactuator) keeps it as it was while
+        # changing total_episodes: then its count is the truth, and the files are counted.
+        if commit.get("total_episodes", total) != total:
+            commit = None
+    if commit is not None:
+        n_data = int(commit["data_files"])
+        stats = root / "meta" / "stats.json"
+        current = stats.exists() and _sha256(stats.read_bytes()) == commit["stats_sha256"]
+        state = _Committed(root, total, kept, n_eps, n_data, [], current)
+    else:
         # No usable commit block (written before it existed): the committed episodes files
         # are the first ones, up to the total info.json counts (later: an interrupted append).
         kept, counted = [], 0
@@ -1144,21 +1167,26 @@ def _committed(root: Path, info: dict) -> _Committed:
             if counted >= total:
                 break
             kept.append(p)
-            counted += _read_parquet(p).num_rows
-        rows = _episode_rows(kept)
-        n_eps = len(kept)
-        n_data = 1 + max((r["data/chunk_index"] * CHUNKS_SIZE + r["data/file_index"]
-                          for r in rows), default=-1)
-        current = n_eps == len(episodes) and n_data == len(data)  # nothing extra on disk
-    if len(rows) != total or [r["episode_index"] for r in rows] != list(range(len(rows))):
-        raise DataFormatError(
-            f"{root}: meta/episodes holds {len(rows)} episodes but info.json says "
-            f"{total} (damaged dataset: episode files missing or edited)"
-        )
-    leftovers = [p for k, p in episodes if k >= n_eps] + [p for k, p in data if k >= n_data]
+            counted += _num_rows(p)
+        state = _Committed(root, total, kept, len(kept), 0, [], False)
+        state.data_files = 1 + max((r["data/chunk_index"] * CHUNKS_SIZE + r["data/file_index"]
+                                    for r in state.rows), default=-1)
+        state.stats_current = len(kept) == len(episodes) and state.data_files == len(data)
     staging = root / PRIVATE_DIR / "staging"
-    leftovers += sorted(p for p in staging.glob("*") if p.is_file()) + _stray_files(root)
-    return _Committed(rows, n_eps, n_data, leftovers, current)
+    state.leftovers = (
+        [p for k, p in episodes if k >= state.episodes_files]
+        + [p for k, p in data if k >= state.data_files]
+        + sorted(p for p in staging.glob("*") if p.is_file())
+        + _stray_files(root)
+    )
+    return state
+
+
+def _num_rows(path: Path) -> int:
+    try:
+        return pq.read_metadata(path).num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise DataFormatError(f"{path}: corrupt or truncated parquet file ({e})") from e
 
 
 def _episode_rows(paths: list[Path]) -> list[dict]:
