@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -25,3 +27,24 @@ def test_json_is_strict_with_nan_as_null(tmp_path):
     path = write_json(tmp_path / "a" / "m.json", {"mae": math.nan, "n": np.int64(3),
                                                  "x": [np.float32(0.5), math.inf]})
     assert json.loads(path.read_text()) == {"mae": None, "n": 3, "x": [0.5, None]}
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_new_files_follow_the_umask_like_any_other_file(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        written = write_text(tmp_path / "metrics.json", "{}")
+        with open(tmp_path / "plain.txt", "w") as f:  # what any other file gets
+            f.write("x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(written.stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode) == mode
+
+
+def test_replacing_a_file_keeps_its_permissions(tmp_path):
+    target = write_text(tmp_path / "notes.txt", "old")
+    target.chmod(0o640)
+    write_text(target, "new")
+    assert target.read_text() == "new"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640

@@ -10,6 +10,7 @@ import csv
 import hashlib
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -156,7 +157,8 @@ def test_motor_condition_labels_from_task_name(nad_dir, tmp_path):
         dst = root / "motor_condition" / task / "train" / "001.csv"
         dst.parent.mkdir(parents=True)
         shutil.copy(src, dst)
-    ds = read_dataset(_import(root, tmp_path / "ds"))
+    # One recording under two labels is a content duplicate: allowed explicitly here.
+    ds = read_dataset(_import(root, tmp_path / "ds", allow_duplicates=True))
     degrade = next(e for e in ds.episodes if e.task.endswith("_degrade"))
     nominal = next(e for e in ds.episodes if not e.task.endswith("_degrade"))
     np.testing.assert_array_equal(degrade.frames["condition"][0], [1, 1, 0, 1, 1])
@@ -317,6 +319,14 @@ def test_truncated_last_row(so101_file):
         read_nad_csv(so101_file)
 
 
+def test_labels_come_from_the_folders_not_the_spelling_of_the_path(nad_dir, tmp_path):
+    src = nad_dir / "so101" / "pick_and_place" / "500g" / "validation" / ".." / "validation"
+    import_nad(src, tmp_path / "ds")
+    [ep] = read_dataset(tmp_path / "ds").episodes
+    assert ep.task == "pick_and_place/500g" and ep.split == "validation"
+    assert ep.meta["source"] == "pick_and_place/500g/validation/001.csv"
+
+
 def test_file_outside_a_split_folder(so101_file):
     dst = so101_file.parent.parent / "001.csv"
     so101_file.rename(dst)
@@ -399,3 +409,105 @@ def test_platform_option_imports_one_platform_of_a_mixed_tree(so101_file, tmp_pa
     assert read_dataset(tmp_path / "franka").episodes[0].payload_mass == pytest.approx(0.3)
     with pytest.raises(DataFormatError, match="no NAD CSV of platform 'omx'"):
         import_nad(tmp_path / "nad", tmp_path / "omx", platform="omx")
+
+
+# --------------------------------------------------------------------------- duplicates
+
+
+def test_importing_the_same_files_again_is_skipped_and_said(nad_dir, tmp_path, capsys):
+    from nactuator.cli import main
+
+    src = nad_dir / "so101"
+    out = tmp_path / "ds"
+    assert main(["data", "import-nad", str(src), "--out", str(out)]) == 0
+    assert "imported 9 episodes" in capsys.readouterr().out
+    ds = read_dataset(out)
+    for e in ds.episodes:  # each episode knows the content of the file it came from
+        source = src / e.meta["source"]
+        assert e.meta["source_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert main(["data", "import-nad", str(src), "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "nothing imported: every file is already in" in said
+    assert "skipped 9 file(s) whose content is already in the dataset (same sha256)" in said
+    assert "--allow-duplicates" in said
+    assert len(read_dataset(out).episodes) == 9  # not 18
+    validation = [e for e in read_dataset(out).episodes if e.split == "validation"]
+    assert len(validation) == 1
+
+    # A folder with one new file and the old ones: only the new one is imported.
+    extra = tmp_path / "nad" / "so101" / "pick_and_place" / "500g" / "test" / "001.csv"
+    extra.parent.mkdir(parents=True)
+    raw = (src / "pick_and_place" / "500g" / "train" / "001.csv").read_bytes()
+    extra.write_bytes(raw.replace(b"\r\n", b"\n"))  # same numbers, other bytes: new content
+    for f in sorted(src.rglob("*.csv"))[:2]:
+        dst = tmp_path / "nad" / "so101" / f.relative_to(src)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, dst)
+    summary = import_nad(tmp_path / "nad", out)
+    assert "imported 1 episodes" in summary and "skipped 2 file(s)" in summary
+    assert len(read_dataset(out).episodes) == 10
+
+    assert main(["data", "import-nad", str(src), "--out", str(out), "--allow-duplicates"]) == 0
+    assert "imported 9 episodes" in capsys.readouterr().out
+    assert len(read_dataset(out).episodes) == 19
+
+
+def test_bam_reimport_is_skipped_unless_allowed(bam_dir, tmp_path, capsys):
+    from nactuator.cli import main
+
+    log = bam_dir / "xl330" / "raw" / "2026-01-15_10h28m10.json"
+    out = tmp_path / "bam"
+    assert main(["data", "import-bam", str(log), "--out", str(out)]) == 0
+    assert main(["data", "import-bam", str(log), "--out", str(out)]) == 0
+    assert "skipped 1 file(s)" in capsys.readouterr().out
+    assert len(read_dataset(out).episodes) == 1
+    assert main(["data", "import-bam", str(log), "--out", str(out), "--allow-duplicates"]) == 0
+    eps = read_dataset(out).episodes
+    assert len(eps) == 2
+    assert eps[0].meta["source_sha256"] == hashlib.sha256(log.read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------- CSV forms
+
+
+def test_complete_csv_without_final_newline_imports(so101_file, tmp_path):
+    whole = read_nad_csv(so101_file)
+    so101_file.write_bytes(so101_file.read_bytes().rstrip(b"\r\n"))
+    cut = read_nad_csv(so101_file)
+    assert cut.meta["rows"] == whole.meta["rows"]
+    np.testing.assert_array_equal(cut.frames["q"], whole.frames["q"])
+    import_nad(so101_file, tmp_path / "ds")
+    assert read_dataset(tmp_path / "ds").episodes[0].length == whole.meta["rows"]
+
+
+def test_csv_with_a_utf8_bom_imports(so101_file, tmp_path):
+    whole = read_nad_csv(so101_file)
+    so101_file.write_bytes(b"\xef\xbb\xbf" + so101_file.read_bytes())
+    bom = read_nad_csv(so101_file)
+    np.testing.assert_array_equal(bom.frames["effort"], whole.frames["effort"])
+    np.testing.assert_array_equal(bom.frames["timestamp"], whole.frames["timestamp"])
+    import_nad(so101_file.parents[3], tmp_path / "ds", platform="so101")  # folder + --platform
+    assert len(read_dataset(tmp_path / "ds").episodes) == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "found"),
+    [
+        (b"PAR1\x15\x04\x15\x00\x00binary parquet bytes", r"binary data \(NUL byte at offset 7\)"),
+        (b"\x89PNG\r\n\x1a\n\xff\xfe garbage", r"the first line is not UTF-8 text \(byte 0x89"),
+        ("semicolons", r"the header is separated by semicolons \('timestamp;pos1;pos2"),
+        (b"name,age\nbob,3\n", r"its first line 'name,age' is not a NAD header"),
+    ],
+    ids=["binary", "not-utf8", "semicolons", "other-csv"],
+)
+def test_a_file_that_is_not_a_nad_csv_is_called_so(so101_file, content, found):
+    if content == "semicolons":  # a spreadsheet export with ';' as the separator
+        content = so101_file.read_bytes().replace(b",", b";")
+    so101_file.write_bytes(content)
+    with pytest.raises(DataFormatError) as e:
+        read_nad_csv(so101_file)
+    message = str(e.value)
+    assert message.startswith(f"{so101_file}: not a NAD CSV: ")
+    assert re.search(found, message)
+    assert "expected comma-separated UTF-8 text whose first line is a NAD header" in message
+    assert "franka 72" in message and "layout" not in message  # not compared to a layout

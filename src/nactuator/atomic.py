@@ -2,7 +2,9 @@
 
 Every room that writes something a user keeps (datasets, checkpoints, metrics, plots, CSVs)
 writes through here: the bytes go to a temporary file beside the target, are flushed to
-disk, and only then replace the target with ``os.replace`` (atomic on POSIX).
+disk, and only then replace the target with ``os.replace`` (atomic on POSIX); the folder is
+flushed too, so the new name survives a power cut. Files get the permissions any other new
+file would (``0o666`` less the umask), or keep those of the file they replace.
 """
 
 from __future__ import annotations
@@ -10,32 +12,78 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import secrets
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["atomic_path", "json_safe", "write_bytes", "write_json", "write_text"]
+__all__ = [
+    "atomic_path",
+    "fsync_dir",
+    "json_safe",
+    "replace",
+    "write_bytes",
+    "write_json",
+    "write_text",
+]
+
+TEMP_SUFFIX = ".tmp"
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Flush a folder's entries (a new, renamed or removed name) to disk."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """``os.replace`` that survives a power cut: both folders are flushed afterwards."""
+    src, dst = Path(src), Path(dst)
+    os.replace(src, dst)
+    fsync_dir(dst.parent)
+    if src.parent != dst.parent:
+        fsync_dir(src.parent)
+
+
+def _create_temp(path: Path, suffix: str) -> Path:
+    """A new empty file beside ``path``. Created with mode 0o666 so the umask applies, as it
+    does to any file a program opens for writing (``tempfile.mkstemp`` would force 0o600)."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}{suffix}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return tmp
+    raise FileExistsError(f"{path.parent}: could not create a temporary file for {path.name}")
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, suffix: str = TEMP_SUFFIX) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` to write to; on success it replaces ``path``,
     on any error it is removed and ``path`` is left as it was. ``suffix`` keeps writers that
     look at the extension (matplotlib, pandas) happy."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    os.close(fd)
+    tmp = _create_temp(path, suffix)
     try:
-        yield Path(tmp)
+        yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:  # replacing a file keeps its permissions, as writing into it would
+            os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
+        except FileNotFoundError:
+            pass
+        replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -23,14 +23,14 @@ def _sim_check(a: argparse.Namespace) -> int:
 def _data_import_nad(a: argparse.Namespace) -> int:
     from nactuator.data.importers import import_nad
 
-    print(import_nad(a.src, a.out, platform=a.platform))
+    print(import_nad(a.src, a.out, platform=a.platform, allow_duplicates=a.allow_duplicates))
     return 0
 
 
 def _data_import_bam(a: argparse.Namespace) -> int:
     from nactuator.data.importers import import_bam
 
-    print(import_bam(a.src, a.out))
+    print(import_bam(a.src, a.out, allow_duplicates=a.allow_duplicates))
     return 0
 
 
@@ -153,10 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("src")
     s.add_argument("--out", required=True)
     s.add_argument("--platform", default=None, help="default: detected from the CSV header")
+    s.add_argument("--allow-duplicates", action="store_true",
+                   help="import files whose content (sha256) is already in the dataset")
     s.set_defaults(func=_data_import_nad)
     s = dsub.add_parser("import-bam", help="import BAM XL330 pendulum JSON logs")
     s.add_argument("src")
     s.add_argument("--out", required=True)
+    s.add_argument("--allow-duplicates", action="store_true",
+                   help="import files whose content (sha256) is already in the dataset")
     s.set_defaults(func=_data_import_bam)
     s = dsub.add_parser("synth", help="generate data from a hidden ground-truth servo world")
     s.add_argument("--platform", required=True)

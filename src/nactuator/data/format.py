@@ -7,10 +7,17 @@ A dataset is a folder::
     meta/tasks.parquet                     task string (index) -> task_index
     meta/episodes/chunk-CCC/file-FFF.parquet   one row per episode (split, task, length, pointers)
     data/chunk-CCC/file-FFF.parquet        the frames, whole episodes in order
+    .nactuator/                            the writer's own: lock, staging, recording journals
 
-Appending never touches an existing data or episodes file: every flush writes *new* files
-(temp name + ``os.replace``) and then rewrites the three small meta files atomically, with
-``info.json`` last -- it is the commit point. ``docs/data-format.md`` describes every field.
+Crash safety: ``meta/info.json`` is the one commit point, and it names what is committed
+(``nactuator.commit``: how many data and episodes files, the hash of ``stats.json``).
+An append writes its new data and episodes files in ``.nactuator/staging``, moves them to
+their numbered places, rewrites ``tasks.parquet`` (only ever grows) and ``stats.json``, and
+replaces ``info.json`` last. Readers use only what ``info.json`` commits; the next writer
+(holding the dataset's lock) deletes whatever an interrupted append left and recomputes
+stale statistics. Episodes still being recorded are kept in journals
+(:mod:`nactuator.data.journal`) and committed by the next writer if their process died.
+``docs/data-format.md`` describes every field.
 
 Canonical per-frame keys (Contract 1 of docs/architecture.md) map to on-disk features via
 :data:`FEATURES`; the rest of the library only ever sees canonical keys.
@@ -18,8 +25,14 @@ Canonical per-frame keys (Contract 1 of docs/architecture.md) map to on-disk fea
 
 from __future__ import annotations
 
+import fcntl
+import functools
+import hashlib
 import json
+import logging
 import math
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nactuator import atomic
+from nactuator.data.journal import EpisodeJournal, JournalError, read_journal
 from nactuator.errors import UserError
 from nactuator.platforms import Platform
 
@@ -41,8 +55,11 @@ __all__ = [
     "Dataset",
     "DatasetWriter",
     "Episode",
+    "EpisodeJournal",
     "read_dataset",
 ]
+
+log = logging.getLogger(__name__)
 
 CODEBASE_VERSION = "v3.0"
 FORMAT_TAG = "nactuator-nad/1"
@@ -51,6 +68,8 @@ CHUNKS_SIZE = 1000  # files per chunk folder, as LeRobot
 DATA_FILE_SIZE_IN_MB = 100  # a flush starts a new data file beyond this much buffered data
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+PRIVATE_DIR = ".nactuator"  # beside meta/ and data/; LeRobot readers never look in it
+JOURNAL_CHUNK_S = 2.0  # a recording in progress reaches the disk every this many seconds
 
 
 class DataFormatError(UserError, ValueError):
@@ -133,6 +152,7 @@ def _width(spec: FeatureSpec, n: int) -> int:
     return {"n": n, "3": 3, "1": 1}[spec.width]
 
 
+
 # --------------------------------------------------------------------------- atomic files
 
 
@@ -140,17 +160,77 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic.write_bytes(path, data)
 
 
-def _atomic_write_json(path: Path, obj: Any) -> None:
-    _atomic_write_bytes(path, (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode())
+def _publish(src: Path, dst: Path) -> None:
+    """Move a staged file to its place in the dataset (atomic rename, flushed)."""
+    atomic.replace(src, dst)
 
 
-def _atomic_write_parquet(path: Path, table: pa.Table) -> None:
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode()
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="snappy")
-    _atomic_write_bytes(path, sink.getvalue().to_pybytes())
+    return sink.getvalue().to_pybytes()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _mkdir_durable(folder: Path) -> None:
+    """Create ``folder`` (and parents) so that a power cut cannot lose the new entry."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    for p in reversed(missing):
+        atomic.fsync_dir(p.parent)
 
 
 _json_safe = atomic.json_safe  # NaN/inf -> null, so stats.json stays strict JSON
+
+
+class _WriterLock:
+    """One writer per dataset at a time (``flock`` on ``.nactuator/lock``): the writer may
+    then delete what an interrupted append left without racing a live one. The kernel drops
+    the lock when its process dies, however it dies."""
+
+    def __init__(self, root: Path) -> None:
+        path = root / PRIVATE_DIR / "lock"
+        _mkdir_durable(path.parent)
+        self._file = open(path, "a+")  # noqa: SIM115 (held for the writer's lifetime)
+        try:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "?"
+            self._file.close()
+            raise DataFormatError(
+                f"{root}: another writer (process {holder}) has this dataset open; wait for it "
+                f"to finish (lock: {path})") from None
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"{os.getpid()}\n")
+        self._file.flush()
+
+    def release(self) -> None:
+        if self._file is not None and not self._file.closed:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+            self._file.close()
+
+
+def _writer_active(root: Path) -> bool:
+    """True while some process holds the dataset's writer lock (readers only report it)."""
+    path = root / PRIVATE_DIR / "lock"
+    if not path.exists():
+        return False
+    with open(path) as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    return False
 
 
 # --------------------------------------------------------------------------- statistics
@@ -215,6 +295,20 @@ def _merge_partial(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[s
     }
 
 
+
+_STAT_NAMES = {key: spec.name for key, spec in FEATURES.items()} | {"timestamp": "timestamp"}
+
+
+def _stats_of(frames: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+    """Partial statistics of every feature over a block of frames (canonical keys)."""
+    return {name: _partial_stats(frames[key].reshape(frames[key].shape[0], -1))
+            for key, name in _STAT_NAMES.items()}
+
+
+def _stats_bytes(stats: dict[str, dict[str, np.ndarray]]) -> bytes:
+    return _json_bytes({name: _stats_to_json(p) for name, p in stats.items()})
+
+
 # --------------------------------------------------------------------------- writer
 
 
@@ -225,15 +319,24 @@ class _PendingEpisode:
     split: str
     frames: dict[str, np.ndarray]  # canonical key -> float32 (T, w); timestamp (T,)
     meta: dict
+    journal: EpisodeJournal | Path | None = None  # deleted once the episode is committed
 
 
 class DatasetWriter:
     """Create a dataset, or open one for appending, and add whole episodes to it.
 
-    Episodes are buffered and written on :meth:`close` (or whenever the buffer passes
-    ``DATA_FILE_SIZE_IN_MB``) as new files; nothing already on disk is rewritten except the
-    small meta files, atomically. Used as a context manager, an exception inside the block
+    Episodes are buffered and written on :meth:`flush`/:meth:`close` (or whenever the
+    buffer passes ``DATA_FILE_SIZE_IN_MB``) as new files; each flush is one atomic commit
+    (see the module docstring). Used as a context manager, an exception inside the block
     discards the buffered episodes and leaves the dataset exactly as it was.
+
+    Opening an existing dataset takes its writer lock at once (a second writer is refused
+    before it starts any work), removes what an interrupted append left, and commits
+    episodes whose recording was interrupted (:attr:`recovered`); :meth:`close` or
+    :meth:`abort` releases the lock. A new dataset's folder is created at the first write
+    (:meth:`add_episode`, :meth:`begin_episode`, :meth:`flush`), committed empty before
+    anything else, so a crash can never leave a folder that later runs refuse, and a
+    writer that never writes leaves nothing behind.
     """
 
     def __init__(
@@ -248,32 +351,30 @@ class DatasetWriter:
         self.fps = float(fps)
         if not (math.isfinite(self.fps) and self.fps > 0):
             raise DataFormatError(f"{self.root}: fps must be a positive number, got {fps!r}")
+        self.recovered: list[tuple[int, int]] = []  # (episode_index, frames) from journals
+        self._metadata = metadata
         self._features = _feature_schema(platform)
         self._pending: list[_PendingEpisode] = []
         self._pending_bytes = 0
+        self._journals: list[EpisodeJournal] = []  # begun, not yet added
+        self._lock: _WriterLock | None = None
+        self._metas: list[dict] | None = []  # episode_meta of committed episodes (lazy)
         self._closed = False
-        info_path = self.root / "meta" / "info.json"
-        if info_path.exists():
-            self._info = _load_info(self.root)
-            self._check_compatible(self._info, metadata)
-            self._tasks = _load_tasks(self.root)
-            stored = _load_json(self.root / "meta" / "stats.json")
-            self._stats = {name: _stats_from_json(s) for name, s in stored.items()}
-            self._next_episode = int(self._info["total_episodes"])
-            self._next_frame = int(self._info["total_frames"])
-            self._next_data_file = _next_file_number(self.root / "data")
-            self._next_episodes_file = _next_file_number(self.root / "meta" / "episodes")
+        if (self.root / "meta" / "info.json").exists():
+            self._check_compatible(_load_info(self.root))  # before locking: refuse cheaply
+            self._exists = True
+            self._acquire()
         else:
-            if self.root.exists() and any(self.root.iterdir()):
+            if self.root.exists() and not self.root.is_dir():
+                raise DataFormatError(f"{self.root}: exists and is not a folder; expected a "
+                                      "dataset folder")
+            if self.root.exists() and _foreign_files(self.root):
                 raise DataFormatError(
                     f"{self.root}: folder exists and is not empty but has no meta/info.json; "
                     "expected an empty folder or an existing NAD dataset"
                 )
-            self._info = self._new_info(metadata or {})
-            self._tasks = {}
-            self._stats = {}
-            self._next_episode = self._next_frame = 0
-            self._next_data_file = self._next_episodes_file = 0
+            self._exists = False
+            self._next_episode = 0
 
     # -- public API -------------------------------------------------------------------
 
@@ -283,16 +384,42 @@ class DatasetWriter:
         task: str,
         split: str,
         episode_meta: dict | None = None,
+        journal: EpisodeJournal | None = None,
     ) -> int:
-        """Validate and buffer one episode; returns its dataset-wide ``episode_index``."""
+        """Validate and buffer one episode; returns its dataset-wide ``episode_index``.
+
+        ``journal``: the :meth:`begin_episode` journal these frames were recorded into; it
+        is deleted once the episode is committed (its id is kept in the episode's meta).
+        """
         clean, meta = self.check_episode(frames, task, split, episode_meta)
-        ep = _PendingEpisode(self._next_episode, task, split, clean, meta)
-        self._pending.append(ep)
-        self._pending_bytes += sum(a.nbytes for a in clean.values())
-        self._next_episode += 1
-        if self._pending_bytes > DATA_FILE_SIZE_IN_MB * 2**20:
-            self.flush()
-        return ep.index
+        self._acquire()
+        if journal is not None:
+            journal.close()  # every chunk handed over is on disk before the commit
+            if journal in self._journals:
+                self._journals.remove(journal)
+            meta["journal"] = journal.id
+        return self._buffer(clean, task, split, meta, journal)
+
+    def begin_episode(
+        self,
+        task: str,
+        split: str,
+        episode_meta: dict | None = None,
+        chunk_seconds: float = JOURNAL_CHUNK_S,
+    ) -> EpisodeJournal:
+        """Start journaling an episode being recorded: hand its frames to
+        ``journal.extend`` as they come (a chunk reaches the disk every ``chunk_seconds``),
+        then pass the journal to :meth:`add_episode` with the whole episode. If the process
+        dies first, the next writer on this dataset commits the journaled frames as an
+        interrupted episode (meta ``interrupted``/``recovered`` true)."""
+        _, meta = self._check_labels(task, split, episode_meta)
+        self._acquire()
+        folder = self.root / PRIVATE_DIR / "journal" / EpisodeJournal.new_id()
+        _mkdir_durable(folder.parent)  # once per dataset; the journal fsyncs its own folder
+        journal = EpisodeJournal(folder, task, split, meta, self.fps,
+                                 chunk_frames=round(chunk_seconds * self.fps))
+        self._journals.append(journal)
+        return journal
 
     def check_episode(
         self,
@@ -305,6 +432,249 @@ class DatasetWriter:
 
         Returns the frames as stored (float32, optional keys filled) and the meta dict.
         """
+        where, meta = self._check_labels(task, split, episode_meta)
+        return self._validate_frames(frames, where), meta
+
+    def episode_metas(self) -> list[dict]:
+        """The ``episode_meta`` of every committed and buffered episode, in index order
+        (importers look up source hashes here)."""
+        if self._metas is None:
+            rows = _committed(self.root, self._info).rows
+            self._metas = [json.loads(r["meta"]) if r["meta"] else {} for r in rows]
+        return list(self._metas) + [ep.meta for ep in self._pending]
+
+    def flush(self) -> None:
+        """Commit the buffered episodes: one new data file + one new episodes file."""
+        self._acquire()
+        if not self._pending:
+            return
+        undo = self._undo_point()
+        try:
+            self._write_pending()
+        except BaseException:
+            if not self._committed_on_disk():
+                self._roll_back_to(undo)
+                raise
+            log.warning("%s: an error followed the commit of episodes %d..%d; they are saved",
+                        self.root, self._pending[0].index, self._pending[-1].index,
+                        exc_info=True)
+        self._after_commit()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        for journal in self._journals:  # begun but never added: keep them for recovery
+            journal.close()
+        self._closed = True
+        self._release()
+
+    def abort(self) -> None:
+        """Drop buffered episodes; the dataset on disk stays as it was."""
+        for ep in self._pending:
+            _discard_journal(ep.journal)
+        for journal in self._journals:
+            journal.close()
+        self._pending = []
+        self._pending_bytes = 0
+        self._closed = True
+        self._release()
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    # -- opening: the lock, roll back, recovery ----------------------------------------
+
+    def _acquire(self) -> None:
+        """Take the writer lock and bring the dataset to its last commit (once)."""
+        if self._closed:
+            raise DataFormatError(f"{self.root}: writer is closed")
+        if self._lock is not None:
+            return
+        if not self._exists:
+            self._create()
+            return
+        self._lock = _WriterLock(self.root)
+        try:
+            self._open_existing()
+        except BaseException:
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _create(self) -> None:
+        """Commit an empty dataset (``info.json`` first), so every later state is one that
+        opens: a crash from here on leaves a dataset, never a folder that is refused."""
+        _mkdir_durable(self.root)
+        self._lock = _WriterLock(self.root)
+        try:
+            if (self.root / "meta" / "info.json").exists():
+                raise DataFormatError(f"{self.root}: another process created a dataset here "
+                                      "meanwhile; run again to append to it")
+            if _foreign_files(self.root):
+                raise DataFormatError(f"{self.root}: files appeared in the folder meanwhile")
+            for p in _stray_files(self.root):
+                p.unlink(missing_ok=True)
+            self._info = self._new_info(self._metadata or {})
+            self._tasks, self._stats, self._metas = {}, {}, []
+            self._next_episode = self._next_frame = 0
+            self._next_data_file = self._next_episodes_file = 0
+            self._write_meta(info_first=True)
+            self._exists = True
+        except BaseException:
+            self._release()
+            raise
+
+    def _open_existing(self) -> None:
+        info = _load_info(self.root)
+        self._check_compatible(info)
+        state, self._tasks = self._roll_back(info)
+        if self._metadata:
+            info["nactuator"].setdefault("metadata", {}).update(self._metadata)
+        self._info = info
+        stored = _load_json(self.root / "meta" / "stats.json")
+        self._stats = {name: _stats_from_json(s) for name, s in stored.items()}
+        self._metas = None  # read from meta/episodes when first needed
+        self._next_episode = int(info["total_episodes"])
+        self._next_frame = int(info["total_frames"])
+        self._next_data_file = state.data_files
+        self._next_episodes_file = state.episodes_files
+        self._recover_journals()
+
+    def _roll_back(self, info: dict) -> tuple[_Committed, dict[str, int]]:
+        """Bring the files to exactly what ``info.json`` commits (returns that and the
+        committed tasks). Every step is idempotent: a crash in here is repaired by the next
+        open."""
+        state = _committed(self.root, info)
+        meta = self.root / "meta"
+        total_tasks = int(info.get("total_tasks", 0))
+        tasks_path = meta / "tasks.parquet"
+        tasks = _load_tasks(self.root) if tasks_path.exists() else {}
+        # An interrupted append added tasks (they only grow), or a new dataset's went missing.
+        if len(tasks) != total_tasks or not tasks_path.exists():
+            kept = {t: i for t, i in tasks.items() if i < total_tasks}
+            if len(kept) != total_tasks:
+                raise DataFormatError(f"{tasks_path}: holds {len(tasks)} tasks, info.json "
+                                      f"commits {total_tasks}; expected at least those")
+            _atomic_write_bytes(tasks_path, _parquet_bytes(_tasks_table(kept)))
+            tasks = kept
+        if not state.stats_current:  # stats.json of an interrupted append: recompute
+            data = _committed_stats_bytes(self.root, info, state.rows)
+            _atomic_write_bytes(meta / "stats.json", data)
+            info.setdefault("nactuator", {})["commit"] = {
+                "total_episodes": state.total, "data_files": state.data_files,
+                "episodes_files": state.episodes_files, "stats_sha256": _sha256(data)}
+            _atomic_write_bytes(meta / "info.json", _json_bytes(_json_safe(info)))
+        for p in state.leftovers:
+            p.unlink(missing_ok=True)
+        if state.leftovers:
+            log.warning("%s: removed %d file(s) left by an interrupted write; the dataset "
+                        "holds its %d committed episodes", self.root, len(state.leftovers),
+                        state.total)
+        return state, tasks
+
+    def _recover_journals(self) -> None:
+        """Commit the frames of recordings whose process died (see EpisodeJournal)."""
+        folder = self.root / PRIVATE_DIR / "journal"
+        journals = sorted(p for p in folder.glob("*") if p.is_dir())
+        if not journals:
+            return
+        committed = {m.get("journal") for m in self.episode_metas()}
+        for journal in journals:
+            if journal.name in committed:  # committed, then the process died: just delete
+                shutil.rmtree(journal, ignore_errors=True)
+                continue
+            try:
+                header, frames = read_journal(journal)
+            except JournalError as e:
+                if not any(journal.glob("chunk-*.parquet")):  # died while starting: empty
+                    shutil.rmtree(journal, ignore_errors=True)
+                else:
+                    log.warning("%s: cannot recover an interrupted recording: %s", self.root, e)
+                continue
+            if frames is None:  # died before the first chunk reached the disk
+                shutil.rmtree(journal, ignore_errors=True)
+                continue
+            meta = {**header.get("episode_meta", {}), "interrupted": True, "recovered": True,
+                    "journal": journal.name}
+            try:
+                clean, meta = self.check_episode(frames, header["task"], header["split"], meta)
+            except (DataFormatError, KeyError) as e:
+                log.warning("%s: cannot recover the interrupted recording in %s: %s",
+                            self.root, journal, e)
+                continue
+            index = self._buffer(clean, header["task"], header["split"], meta, journal)
+            self.flush()
+            self.recovered.append((index, len(clean["timestamp"])))
+            log.warning("%s: recovered episode %d (%d frames, %.1f s) from a recording that "
+                        "was interrupted", self.root, index, len(clean["timestamp"]),
+                        len(clean["timestamp"]) / self.fps)
+
+    # -- committing --------------------------------------------------------------------
+
+    def _buffer(self, clean: dict, task: str, split: str, meta: dict,
+                journal: EpisodeJournal | Path | None) -> int:
+        ep = _PendingEpisode(self._next_episode, task, split, clean, meta, journal)
+        self._pending.append(ep)
+        self._pending_bytes += sum(a.nbytes for a in clean.values())
+        self._next_episode += 1
+        if self._pending_bytes > DATA_FILE_SIZE_IN_MB * 2**20:
+            self.flush()
+        return ep.index
+
+    def _undo_point(self) -> dict:
+        meta = self.root / "meta"
+        return {
+            "files": {p: p.read_bytes() for p in (meta / "tasks.parquet", meta / "stats.json")
+                      if p.exists()},
+            "info": json.loads(json.dumps(self._info)),
+            "state": (dict(self._tasks), dict(self._stats), self._next_frame,
+                      self._next_data_file, self._next_episodes_file),
+        }
+
+    def _committed_on_disk(self) -> bool:
+        """Did the failed flush get as far as replacing info.json?"""
+        try:
+            on_disk = json.loads((self.root / "meta" / "info.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return on_disk.get("total_episodes") == self._pending[-1].index + 1
+
+    def _roll_back_to(self, undo: dict) -> None:
+        """In-process undo of a failed flush: delete its new files, put the meta files back
+        byte for byte, restore the writer's state (the episodes stay buffered)."""
+        self._info = undo["info"]
+        (self._tasks, self._stats, self._next_frame, self._next_data_file,
+         self._next_episodes_file) = undo["state"]
+        try:
+            for p in _committed(self.root, self._info).leftovers:
+                p.unlink(missing_ok=True)
+            for p, data in undo["files"].items():
+                if not p.exists() or p.read_bytes() != data:
+                    _atomic_write_bytes(p, data)
+        except Exception:  # the next writer to open the dataset rolls back instead
+            log.warning("%s: could not undo a failed write now; the next writer will",
+                        self.root, exc_info=True)
+
+    def _after_commit(self) -> None:
+        for ep in self._pending:
+            if self._metas is not None:
+                self._metas.append(ep.meta)
+            _discard_journal(ep.journal)
+        self._pending = []
+        self._pending_bytes = 0
+
+    def _check_labels(self, task: str, split: str, episode_meta: dict | None) -> tuple[str, dict]:
         if self._closed:
             raise DataFormatError(f"{self.root}: writer is closed")
         where = f"{self.root}: episode {self._next_episode}"
@@ -317,58 +687,9 @@ class DatasetWriter:
             json.dumps(meta, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise DataFormatError(f"{where}: episode_meta must be plain JSON data: {e}") from e
-        return self._validate_frames(frames, where), meta
+        return where, meta
 
-    def flush(self) -> None:
-        """Write the buffered episodes as one new data file + one new episodes file."""
-        if not self._pending:
-            if not (self.root / "meta" / "info.json").exists():
-                self._write_meta()  # an empty but valid dataset
-            return
-        written: list[Path] = []
-        meta_files = [self.root / "meta" / f for f in ("tasks.parquet", "stats.json", "info.json")]
-        backups = {p: p.read_bytes() for p in meta_files if p.exists()}
-        state = (dict(self._tasks), dict(self._stats), json.loads(json.dumps(self._info)))
-        try:
-            self._write_pending(written)
-        except BaseException:
-            # Undo: remove the new files, put back the meta files as they were.
-            for p in written:
-                p.unlink(missing_ok=True)
-            for p in meta_files:
-                if p not in backups:
-                    p.unlink(missing_ok=True)
-                elif not p.exists() or p.read_bytes() != backups[p]:
-                    _atomic_write_bytes(p, backups[p])
-            self._tasks, self._stats, self._info = state
-            raise
-        self._pending = []
-        self._pending_bytes = 0
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self.flush()
-        self._closed = True
-
-    def abort(self) -> None:
-        """Drop buffered episodes; the dataset on disk stays as it was."""
-        self._pending = []
-        self._pending_bytes = 0
-        self._closed = True
-
-    def __enter__(self) -> DatasetWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-    # -- validation ------------------------------------------------------------------
-
-    def _check_compatible(self, info: dict, metadata: dict | None) -> None:
+    def _check_compatible(self, info: dict) -> None:
         where = f"{self.root / 'meta' / 'info.json'}"
         theirs = info.get("nactuator", {}).get("platform")
         if theirs != self.platform.name:
@@ -387,8 +708,6 @@ class DatasetWriter:
                 f"{where}: channel names {names} differ from platform {self.platform.name!r} "
                 f"channels {self.platform.channel_names}"
             )
-        if metadata:
-            info["nactuator"].setdefault("metadata", {}).update(metadata)
 
     def _validate_frames(self, frames: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
         if not isinstance(frames, dict):
@@ -489,10 +808,13 @@ class DatasetWriter:
                 "channels": p.channel_names,
                 "effort_signal": p.effort_signal,
                 "metadata": metadata,
+                "commit": {"total_episodes": 0, "data_files": 0, "episodes_files": 0,
+                           "stats_sha256": None},
             },
         }
 
-    def _write_pending(self, written: list[Path]) -> None:
+    def _write_pending(self) -> None:
+        """Stage the new files, move them into place, then the meta files, info.json last."""
         n = self.platform.n
         file_no = self._next_data_file
         chunk, fidx = divmod(file_no, CHUNKS_SIZE)
@@ -530,33 +852,37 @@ class DatasetWriter:
         data_table = pa.Table.from_arrays(arrays, names=names)
 
         data_path = self.root / data_rel
-        if data_path.exists():
-            raise DataFormatError(f"{data_path}: refusing to overwrite an existing data file")
-        _atomic_write_parquet(data_path, data_table)
-        written.append(data_path)
         ep_path = self.root / EPISODES_PATH.format(chunk_index=e_chunk, file_index=e_fidx)
-        if ep_path.exists():
-            raise DataFormatError(f"{ep_path}: refusing to overwrite an existing episodes file")
-        _atomic_write_parquet(ep_path, _episodes_table(rows, n))
-        written.append(ep_path)
+        for path in (data_path, ep_path):
+            if path.exists():
+                raise DataFormatError(f"{path}: refusing to overwrite an existing file")
+        # Staged first: until they are moved into place, LeRobot readers (which read every
+        # parquet file under data/ and meta/episodes/) cannot see a half-done append.
+        staging = self.root / PRIVATE_DIR / "staging"
+        staged_data, staged_eps = staging / "data.parquet", staging / "episodes.parquet"
+        _mkdir_durable(staging)
+        _atomic_write_bytes(staged_data, _parquet_bytes(data_table))
+        _atomic_write_bytes(staged_eps, _parquet_bytes(_episodes_table(rows, n)))
+        _mkdir_durable(data_path.parent)
+        _mkdir_durable(ep_path.parent)
+        _publish(staged_data, data_path)
+        _publish(staged_eps, ep_path)
 
         stats = dict(self._stats)
-        stat_names = {key: spec.name for key, spec in FEATURES.items()} | {"timestamp": "timestamp"}
-        for key, name in stat_names.items():
-            block = np.concatenate([ep.frames[key] for ep in self._pending])
-            part = _partial_stats(block.reshape(block.shape[0], -1))
+        for name, part in _stats_of(
+            {key: np.concatenate([ep.frames[key] for ep in self._pending]) for key in _STAT_NAMES}
+        ).items():
             stats[name] = _merge_partial(stats[name], part) if name in stats else part
 
-        # Meta files: stats and tasks first, info.json last (the commit point).
         self._tasks, self._stats = task_index, stats
+        self._next_frame = frame
+        self._next_data_file += 1
+        self._next_episodes_file += 1
         self._info["total_episodes"] = self._pending[-1].index + 1
         self._info["total_frames"] = frame
         self._info["total_tasks"] = len(task_index)
         self._info["splits"] = self._splits_after(rows)
         self._write_meta()
-        self._next_frame = frame
-        self._next_data_file += 1
-        self._next_episodes_file += 1
 
     def _episode_row(self, ep, length, frame, chunk, fidx, e_chunk, e_fidx) -> dict:
         payload = ep.meta.get("payload_mass")
@@ -597,13 +923,23 @@ class DatasetWriter:
             per[r["split"]].append(r["episode_index"])
         return {s: _ranges(sorted(v)) for s, v in per.items() if v}
 
-    def _write_meta(self) -> None:
-        _atomic_write_parquet(self.root / "meta" / "tasks.parquet", _tasks_table(self._tasks))
-        _atomic_write_json(
-            self.root / "meta" / "stats.json",
-            {name: _stats_to_json(p) for name, p in self._stats.items()},
-        )
-        _atomic_write_json(self.root / "meta" / "info.json", _json_safe(self._info))
+    def _write_meta(self, info_first: bool = False) -> None:
+        """tasks.parquet and stats.json, then info.json: the commit. A new dataset writes
+        info.json first (an empty commit), then the other two."""
+        meta = self.root / "meta"
+        stats = _stats_bytes(self._stats)
+        self._info["nactuator"]["commit"] = {
+            "total_episodes": self._info["total_episodes"],
+            "data_files": self._next_data_file,
+            "episodes_files": self._next_episodes_file,
+            "stats_sha256": _sha256(stats),
+        }
+        info = (meta / "info.json", _json_bytes(_json_safe(self._info)))
+        others = [(meta / "tasks.parquet", _parquet_bytes(_tasks_table(self._tasks))),
+                  (meta / "stats.json", stats)]
+        _mkdir_durable(meta)
+        for path, data in [info, *others] if info_first else [*others, info]:
+            _atomic_write_bytes(path, data)
 
 
 def _ranges(indices: list[int]) -> str:
@@ -750,12 +1086,113 @@ def _read_parquet(path: Path) -> pa.Table:
         raise DataFormatError(f"{path}: corrupt or truncated parquet file ({e})") from e
 
 
-def _next_file_number(folder: Path) -> int:
-    numbers = [
-        int(p.parent.name.split("-")[1]) * CHUNKS_SIZE + int(p.stem.split("-")[1])
-        for p in folder.glob("chunk-*/file-*.parquet")
-    ]
-    return max(numbers) + 1 if numbers else 0
+
+
+def _numbered(folder: Path) -> list[tuple[int, Path]]:
+    """``chunk-CCC/file-FFF.parquet`` files under ``folder`` as (file number, path), sorted."""
+    out = []
+    for p in folder.glob("chunk-*/file-*.parquet"):
+        try:
+            number = int(p.parent.name.split("-")[1]) * CHUNKS_SIZE + int(p.stem.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        out.append((number, p))
+    return sorted(out)
+
+
+def _stray_files(root: Path) -> list[Path]:
+    """Temporary files of writes that never finished (a crash between write and rename)."""
+    folders = [root, root / "meta", *root.glob("meta/episodes/chunk-*"), *root.glob("data/chunk-*")]
+    return [p for f in folders for p in f.glob(f".*{atomic.TEMP_SUFFIX}") if p.is_file()]
+
+
+def _foreign_files(root: Path) -> list[Path]:
+    """Files in a folder without info.json that a crashed dataset creation cannot explain."""
+    ours = set(_stray_files(root))
+    return [p for p in root.rglob("*")
+            if p.is_file() and p not in ours and p.relative_to(root).parts[0] != PRIVATE_DIR]
+
+
+@dataclass
+class _Committed:
+    """What ``info.json`` commits, and what else lies in the dataset's folders."""
+
+    root: Path
+    total: int  # episodes committed
+    episodes_paths: list[Path]  # the committed episodes files, in order
+    episodes_files: int  # episodes files 0 .. episodes_files - 1 are committed
+    data_files: int  # data files 0 .. data_files - 1 are committed
+    leftovers: list[Path]  # not committed: ignored by readers, removed by the next writer
+    stats_current: bool  # stats.json is the committed one
+
+    @functools.cached_property
+    def rows(self) -> list[dict]:
+        """The committed meta/episodes rows, in episode order (read on first use)."""
+        rows = _episode_rows(self.episodes_paths)
+        if [r["episode_index"] for r in rows] != list(range(self.total)):
+            raise DataFormatError(
+                f"{self.root}: meta/episodes holds {len(rows)} episodes but info.json says "
+                f"{self.total} (damaged dataset: episode files missing or edited)"
+            )
+        return rows
+
+
+def _committed(root: Path, info: dict) -> _Committed:
+    episodes = _numbered(root / "meta" / "episodes")
+    data = _numbered(root / "data")
+    total = int(info["total_episodes"])
+    commit = info.get("nactuator", {}).get("commit")
+    if commit is not None:
+        n_eps = int(commit["episodes_files"])
+        kept = [p for k, p in episodes if k < n_eps]
+        if len(kept) != n_eps:
+            have = {k for k, _ in episodes}
+            k = next(i for i in range(n_eps) if i not in have)
+            path = root / EPISODES_PATH.format(chunk_index=k // CHUNKS_SIZE,
+                                               file_index=k % CHUNKS_SIZE)
+            raise DataFormatError(f"{path}: missing file referenced by the dataset")
+        # A writer that does not know `commit` (an older nactuator) keeps it as it was while
+        # changing total_episodes: then its count is the truth, and the files are counted.
+        if commit.get("total_episodes", total) != total:
+            commit = None
+    if commit is not None:
+        n_data = int(commit["data_files"])
+        stats = root / "meta" / "stats.json"
+        current = stats.exists() and _sha256(stats.read_bytes()) == commit["stats_sha256"]
+        state = _Committed(root, total, kept, n_eps, n_data, [], current)
+    else:
+        # No usable commit block (written before it existed): the committed episodes files
+        # are the first ones, up to the total info.json counts (later: an interrupted append).
+        kept, counted = [], 0
+        for _, p in episodes:
+            if counted >= total:
+                break
+            kept.append(p)
+            counted += _num_rows(p)
+        state = _Committed(root, total, kept, len(kept), 0, [], False)
+        state.data_files = 1 + max((r["data/chunk_index"] * CHUNKS_SIZE + r["data/file_index"]
+                                    for r in state.rows), default=-1)
+        state.stats_current = len(kept) == len(episodes) and state.data_files == len(data)
+    staging = root / PRIVATE_DIR / "staging"
+    state.leftovers = (
+        [p for k, p in episodes if k >= state.episodes_files]
+        + [p for k, p in data if k >= state.data_files]
+        + sorted(p for p in staging.glob("*") if p.is_file())
+        + _stray_files(root)
+    )
+    return state
+
+
+def _num_rows(path: Path) -> int:
+    try:
+        return pq.read_metadata(path).num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise DataFormatError(f"{path}: corrupt or truncated parquet file ({e})") from e
+
+
+def _episode_rows(paths: list[Path]) -> list[dict]:
+    rows = pa.concat_tables([_read_parquet(p) for p in paths]).to_pylist() if paths else []
+    return sorted(rows, key=lambda r: r["episode_index"])
 
 
 def _column_numpy(table: pa.Table, name: str, width: int, where: Path) -> np.ndarray:
@@ -768,24 +1205,10 @@ def _column_numpy(table: pa.Table, name: str, width: int, where: Path) -> np.nda
     return col.to_numpy(zero_copy_only=False).reshape(len(col), width)
 
 
-def read_dataset(root: str | Path) -> Dataset:
-    """Read a whole dataset into memory (canonical keys, float32)."""
-    root = Path(root)
-    info = _load_info(root)
-    stats = _load_json(root / "meta" / "stats.json")
-    n = len(info["nactuator"]["channels"])
-    ep_files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
-    ep_tables = [_read_parquet(p) for p in ep_files]
-    rows = pa.concat_tables(ep_tables).to_pylist() if ep_tables else []
-    rows.sort(key=lambda r: r["episode_index"])
-    if len(rows) != info["total_episodes"] or [r["episode_index"] for r in rows] != list(
-        range(len(rows))
-    ):
-        raise DataFormatError(
-            f"{root}: meta/episodes holds {len(rows)} episodes but info.json says "
-            f"{info['total_episodes']} (an interrupted write left extra files?)"
-        )
 
+
+def _read_frames(root: Path, rows: list[dict], n: int) -> dict[str, np.ndarray]:
+    """The frames of the committed episodes ``rows``, concatenated (canonical keys)."""
     by_file: dict[tuple[int, int], list[dict]] = {}
     for r in rows:
         by_file.setdefault((r["data/chunk_index"], r["data/file_index"]), []).append(r)
@@ -814,10 +1237,38 @@ def read_dataset(root: str | Path) -> Dataset:
         scalar = spec is None or spec.width == "1"
         return np.zeros((0,) if scalar else (0, _width(spec, n)), np.float32)
 
-    frames = {k: np.concatenate(v) if v else empty(k) for k, v in parts.items()}
+    return {k: np.concatenate(v) if v else empty(k) for k, v in parts.items()}
+
+
+def _committed_stats_bytes(root: Path, info: dict, rows: list[dict],
+                           frames: dict[str, np.ndarray] | None = None) -> bytes:
+    """stats.json of exactly the committed episodes, recomputed from their frames."""
+    if not rows:
+        return _json_bytes({})
+    if frames is None:
+        frames = _read_frames(root, rows, len(info["nactuator"]["channels"]))
+    return _stats_bytes(_stats_of(frames))
+
+
+def read_dataset(root: str | Path) -> Dataset:
+    """Read a whole dataset into memory (canonical keys, float32).
+
+    Only what ``meta/info.json`` commits is read: files an interrupted append left are
+    ignored (the next writer removes them), and statistics are recomputed if ``stats.json``
+    is not the committed one. Never writes.
+    """
+    root = Path(root)
+    info = _load_info(root)
+    state = _committed(root, info)
+    n = len(info["nactuator"]["channels"])
+    frames = _read_frames(root, state.rows, n)
+    if state.stats_current:
+        stats = _load_json(root / "meta" / "stats.json")
+    else:
+        stats = json.loads(_committed_stats_bytes(root, info, state.rows, frames))
     episodes = []
     offset = 0
-    for r in rows:
+    for r in state.rows:
         length = int(r["length"])
         sl = slice(offset, offset + length)
         episodes.append(
@@ -841,3 +1292,10 @@ def read_dataset(root: str | Path) -> Dataset:
         frames=frames,
         episodes=episodes,
     )
+
+
+def _discard_journal(journal: EpisodeJournal | Path | None) -> None:
+    if isinstance(journal, EpisodeJournal):
+        journal.discard()
+    elif journal is not None:
+        shutil.rmtree(journal, ignore_errors=True)

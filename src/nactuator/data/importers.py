@@ -2,14 +2,18 @@
 
 Raw register units are converted to SI here, once, using the unit table in each platform's
 ``data:`` section (conf/platform/*.yaml). Every file is parsed and validated before the
-first byte is written, so a bad file leaves the output dataset untouched.
+first byte is written, so a bad file leaves the output dataset untouched. Each episode
+keeps its source file's sha256 (``source_sha256``), so importing a file whose content is
+already in the dataset is skipped and reported (``allow_duplicates=True`` imports it anyway).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -26,6 +30,7 @@ __all__ = ["import_bam", "import_nad", "read_bam_log", "read_nad_csv"]
 
 NAD_SENTINEL = -999.0  # "no force reading on this frame" (nad-format.md §6)
 FPS_TOLERANCE = 0.25  # measured frame rate may differ from the platform's by this fraction
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass
@@ -70,11 +75,45 @@ def _nad_layouts(platform: str | None) -> dict[str, tuple[Platform, list[str]]]:
     return layouts
 
 
+def _expected_csv(layouts: dict) -> str:
+    sizes = ", ".join(f"{name} {len(cols)}" for name, (_, cols) in layouts.items())
+    first = next(iter(layouts.values()))[1]
+    return (f"expected comma-separated UTF-8 text whose first line is a NAD header like "
+            f"'{','.join(first[:3])},...' ({sizes} columns)")
+
+
+def _not_nad(path: Path, found: str, layouts: dict) -> DataFormatError:
+    return DataFormatError(f"{path}: not a NAD CSV: {found}; {_expected_csv(layouts)}")
+
+
+def _csv_header(path: Path, raw: bytes, layouts: dict) -> list[str]:
+    """The header cells of a NAD CSV, or a "not a NAD CSV" error saying what the file is."""
+    nul = raw.find(b"\x00", 0, 1 << 16)
+    if nul >= 0:
+        raise _not_nad(path, f"binary data (NUL byte at offset {nul})", layouts)
+    line = raw.split(b"\n", 1)[0].rstrip(b"\r")
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _not_nad(path, f"the first line is not UTF-8 text (byte 0x{line[e.start]:02x} at "
+                       f"offset {e.start})", layouts) from None
+    preview = text if len(text) <= 60 else text[:57] + "..."
+    for sep, name in ((";", "semicolons"), ("\t", "tabs")):
+        if text.count(sep) > text.count(","):
+            raise _not_nad(path, f"the header is separated by {name} ('{preview}')", layouts)
+    header = [h.strip() for h in text.split(",")]
+    best = max(len(set(cols) & set(header)) for _, cols in layouts.values())
+    if "timestamp" not in header or best < len(header) / 2:
+        raise _not_nad(path, f"its first line '{preview}' is not a NAD header "
+                       f"({best} of its {len(header)} cells are NAD column names)", layouts)
+    return header
+
+
 def _detect_layout(path: Path, header: list[str], layouts: dict) -> tuple[Platform, list[str]]:
     for platform, expected in layouts.values():
         if set(header) == set(expected) and len(header) == len(expected):
             return platform, expected
-    # No exact match: report against the closest layout, naming what is wrong.
+    # A NAD header, but not exactly one layout: report against the closest, naming the diff.
     platform, expected = max(layouts.values(), key=lambda pe: len(set(pe[1]) & set(header)))
     missing = [c for c in expected if c not in header]
     extra = [c for c in header if c not in expected]
@@ -89,6 +128,7 @@ def _detect_layout(path: Path, header: list[str], layouts: dict) -> tuple[Platfo
 
 def _labels_from_path(path: Path, platform: Platform) -> tuple[str, str, float, dict]:
     """Task, split, payload mass [kg] and extra meta from the NAD folder layout (§2)."""
+    path = Path(os.path.abspath(path))  # 'so101/500g/..' must not make a task named '..'
     cfg = platform.data["nad"]
     split = path.parent.name
     if split not in SPLITS:
@@ -168,16 +208,23 @@ def read_nad_csv(
     path = Path(path)
     layouts = layouts or _nad_layouts(platform)
     raw = path.read_bytes()
+    sha256 = hashlib.sha256(raw).hexdigest()
+    raw = raw.removeprefix(UTF8_BOM)  # spreadsheet programs save CSV with one
     if not raw.strip():
         raise DataFormatError(f"{path}: empty file (expected a NAD CSV header and rows)")
-    header = [h.strip() for h in raw.split(b"\n", 1)[0].decode("utf-8", "replace").split(",")]
+    header = _csv_header(path, raw, layouts)
     p, expected = _detect_layout(path, header, layouts)
     if not raw.endswith(b"\n"):
-        n_lines = raw.count(b"\n") + 1
-        raise DataFormatError(
-            f"{path}: truncated file: the last row (line {n_lines}) has no line ending; "
-            "expected complete CSV rows"
-        )
+        # A complete last row without a line ending is fine; a row cut short is not. (A cut
+        # inside the last cell leaves a shorter number that no reader can tell from a real one.)
+        last = raw.rsplit(b"\n", 1)[-1].rstrip(b"\r")
+        cells = last.count(b",") + 1
+        if cells != len(header):
+            line_no = raw.count(b"\n") + 1
+            raise DataFormatError(
+                f"{path}: truncated file: the last row (line {line_no}) has "
+                f"{cells} of {len(header)} cells and no line ending; expected complete CSV rows"
+            )
     try:
         table = pacsv.read_csv(
             io.BytesIO(raw),
@@ -233,7 +280,7 @@ def read_nad_csv(
     cond = _condition(task, table.num_rows, p)
     if cond is not None:
         frames["condition"] = cond
-    meta |= {"payload_mass": mass, "rows": table.num_rows}
+    meta |= {"payload_mass": mass, "rows": table.num_rows, "source_sha256": sha256}
     return ParsedEpisode(path, p, frames, task, split, meta)
 
 
@@ -248,7 +295,8 @@ def _find_files(src: Path, suffix: str) -> list[Path]:
     return files
 
 
-def _write(out: Path, episodes: list[ParsedEpisode], metadata: dict) -> str:
+def _write(out: Path, episodes: list[ParsedEpisode], metadata: dict,
+           allow_duplicates: bool) -> str:
     platforms = {e.platform.name for e in episodes}
     if len(platforms) > 1:
         by = {name: next(str(e.source) for e in episodes if e.platform.name == name)
@@ -262,9 +310,35 @@ def _write(out: Path, episodes: list[ParsedEpisode], metadata: dict) -> str:
                 writer.check_episode(e.frames, e.task, e.split, e.meta)
             except DataFormatError as err:
                 raise DataFormatError(f"{e.source}: {err}") from err
-        for e in episodes:
+        new, duplicates = _new_episodes(episodes, writer, allow_duplicates)
+        for e in new:
             writer.add_episode(e.frames, e.task, e.split, e.meta)
-    return _summary(out, episodes, fps)
+    lines = [_summary(out, new, fps)] if new else [
+        f"nothing imported: every file is already in {out}"]
+    if duplicates:
+        names = [f"{e.source.name} (= {dup})" for e, dup in duplicates]
+        shown = ", ".join(names[:5]) + (f", ... ({len(names) - 5} more)" if len(names) > 5 else "")
+        lines.append(f"skipped {len(duplicates)} file(s) whose content is already in the "
+                     f"dataset (same sha256): {shown}; --allow-duplicates imports them again")
+    return "\n".join(lines)
+
+
+def _new_episodes(episodes: list[ParsedEpisode], writer: DatasetWriter,
+                  allow_duplicates: bool) -> tuple[list[ParsedEpisode], list]:
+    """Split off files whose content (sha256) the dataset holds, or an earlier file here."""
+    if allow_duplicates:
+        return episodes, []
+    seen = {m["source_sha256"]: f"episode {i} ({m.get('source', '?')})"
+            for i, m in enumerate(writer.episode_metas()) if m.get("source_sha256")}
+    new, duplicates = [], []
+    for e in episodes:
+        digest = e.meta["source_sha256"]
+        if digest in seen:
+            duplicates.append((e, seen[digest]))
+        else:
+            seen[digest] = f"{e.source} in this import"
+            new.append(e)
+    return new, duplicates
 
 
 def _summary(out: Path, episodes: list[ParsedEpisode], fps: float) -> str:
@@ -284,14 +358,16 @@ def _summary(out: Path, episodes: list[ParsedEpisode], fps: float) -> str:
     return "\n".join(lines)
 
 
-def import_nad(src: str | Path, out: str | Path, platform: str | None = None) -> str:
+def import_nad(src: str | Path, out: str | Path, platform: str | None = None,
+               allow_duplicates: bool = False) -> str:
     """Import every NAD CSV under ``src`` into the dataset at ``out``; returns a summary.
 
     The platform is detected from each header. Given ``platform`` and a folder, files that
     are exactly another platform's layout are skipped (so a whole NAD ``data/`` folder can
     be imported one platform at a time); without it, a mix of platforms is an error. Task, split and
     payload come from the NAD folder layout. Appends when ``out`` already holds a dataset
-    of the same platform and fps.
+    of the same platform and fps; files whose content is already in it are skipped (and
+    listed) unless ``allow_duplicates``.
     """
     src, out = Path(src), Path(out)
     layouts = _nad_layouts(None)
@@ -308,7 +384,8 @@ def import_nad(src: str | Path, out: str | Path, platform: str | None = None) ->
     if not episodes:
         raise DataFormatError(f"{src}: no NAD CSV of platform {platform!r} "
                               f"({len(skipped)} files of other platforms)")
-    summary = _write(out, episodes, {"source": "NAD (Frank-ZY-Dou/Dynamics-Modeling)"})
+    summary = _write(out, episodes, {"source": "NAD (Frank-ZY-Dou/Dynamics-Modeling)"},
+                     allow_duplicates)
     if skipped:
         kinds = Counter(name for _, name in skipped)
         summary += "\nskipped (other platforms): " + ", ".join(
@@ -321,7 +398,8 @@ def _other_platform(path: Path, platform: str | None, layouts: dict) -> str | No
     if platform is None:
         return None
     with open(path, "rb") as f:
-        header = [h.strip() for h in f.readline().decode("utf-8", "replace").split(",")]
+        line = f.readline().removeprefix(UTF8_BOM)
+    header = [h.strip() for h in line.decode("utf-8", "replace").split(",")]
     for name, (_, expected) in layouts.items():
         if name != platform and header == expected:
             return name
@@ -340,10 +418,14 @@ def read_bam_log(path: str | Path, platform: Platform | None = None) -> ParsedEp
     path = Path(path)
     p = platform or load_platform("pendulum")
     cfg = p.data["bam"]
+    content = path.read_bytes()
     try:
-        log = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        log = json.loads(content)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataFormatError(f"{path}: not valid JSON (truncated file?): {e}") from e
+    if not isinstance(log, dict):
+        raise DataFormatError(f"{path}: expected a JSON object (a BAM log), got "
+                              f"{type(log).__name__}")
     missing = [k for k in _BAM_HEADER if k not in log]
     if missing:
         raise DataFormatError(f"{path}: missing BAM header fields {missing}")
@@ -408,13 +490,18 @@ def read_bam_log(path: str | Path, platform: Platform | None = None) -> ParsedEp
         "raw_samples": len(entries),
         "t0": float(t[0]),
         "payload_mass": 0.0,
+        "source_sha256": hashlib.sha256(content).hexdigest(),
     }
     return ParsedEpisode(path, p, frames, str(log["trajectory"]), splits[kp], meta)
 
 
-def import_bam(src: str | Path, out: str | Path) -> str:
-    """Import BAM XL330 raw JSON logs (a file or a folder of them) as a pendulum dataset."""
+def import_bam(src: str | Path, out: str | Path, allow_duplicates: bool = False) -> str:
+    """Import BAM XL330 raw JSON logs (a file or a folder of them) as a pendulum dataset.
+
+    Logs whose content is already in ``out`` are skipped (and listed) unless
+    ``allow_duplicates``."""
     src, out = Path(src), Path(out)
     platform = load_platform("pendulum")
     episodes = [read_bam_log(f, platform) for f in _find_files(src, ".json")]
-    return _write(out, episodes, {"source": "BAM XL330 raw logs (Rhoban/bam @ af22604)"})
+    return _write(out, episodes, {"source": "BAM XL330 raw logs (Rhoban/bam @ af22604)"},
+                  allow_duplicates)

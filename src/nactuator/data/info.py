@@ -1,7 +1,8 @@
 """``nactuator data info DST``: a human-readable description of a dataset.
 
 Reads only the meta files (info.json, stats.json, meta/episodes), never the frames, so it is
-instant even on large datasets.
+instant even on large datasets -- except right after a crash that left ``stats.json`` of an
+uncommitted append, when the statistics are recomputed from the committed frames.
 """
 
 from __future__ import annotations
@@ -9,15 +10,15 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import pyarrow as pa
-
 from nactuator.data.format import (
     FEATURES,
+    PRIVATE_DIR,
     SPLITS,
-    DataFormatError,
+    _committed,
     _load_info,
     _load_json,
-    _read_parquet,
+    _writer_active,
+    read_dataset,
 )
 
 __all__ = ["describe"]
@@ -31,15 +32,12 @@ def describe(path: str | Path) -> str:
     """Episodes, frames, fps, platform, tasks, splits and per-feature ranges of a dataset."""
     root = Path(path)
     info = _load_info(root)
-    stats = _load_json(root / "meta" / "stats.json")
-    ep_files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
-    tables = [_read_parquet(p) for p in ep_files]
-    episodes = pa.concat_tables(tables).to_pylist() if tables else []
-    if len(episodes) != info["total_episodes"]:
-        raise DataFormatError(
-            f"{root}: meta/episodes holds {len(episodes)} episodes, info.json says "
-            f"{info['total_episodes']}"
-        )
+    state = _committed(root, info)
+    episodes = state.rows
+    if state.stats_current:
+        stats = _load_json(root / "meta" / "stats.json")
+    else:
+        stats = read_dataset(root).stats
     nact = info["nactuator"]
     total = int(info["total_frames"])
     fps = float(info["fps"])
@@ -92,4 +90,24 @@ def describe(path: str | Path) -> str:
                 f"    {name:<14} {_fmt(s['min'][j]):>10} .. {_fmt(s['max'][j]):<10} "
                 f"{units[j]:<24} NaN {nan_frac:6.1%}"
             )
+    lines += _unfinished(root, len(state.leftovers))
     return "\n".join(lines)
+
+
+def _unfinished(root: Path, leftovers: int) -> list[str]:
+    """Notes on writes in progress or interrupted (not part of the committed dataset)."""
+    journals = [p for p in (root / PRIVATE_DIR / "journal").glob("*") if p.is_dir()]
+    if not (leftovers or journals):
+        return []
+    if _writer_active(root):
+        return [f"note: a writer is working on this dataset ({len(journals)} recording(s) in "
+                "progress); the figures above are its last commit"]
+    notes = []
+    if leftovers:
+        notes.append(f"note: {leftovers} file(s) of an interrupted write are not part of the "
+                     "dataset (ignored; the next append removes them)")
+    if journals:
+        notes.append(f"note: {len(journals)} interrupted recording(s) in {PRIVATE_DIR}/journal "
+                     "will be committed by the next writer on it (`nactuator record` or an "
+                     "import into it)")
+    return notes

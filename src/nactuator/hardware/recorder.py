@@ -40,9 +40,11 @@ class EpisodeBuffer:
 
     KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "pwm", "current")
 
-    def __init__(self, n: int, payload_kg: float | None) -> None:
+    def __init__(self, n: int, payload_kg: float | None, journal=None) -> None:
         self.n = n
         self.payload_kg = payload_kg
+        self.journal = journal  # data.EpisodeJournal: frames reach the disk every few seconds
+        self._journaled = 0
         self.rows: dict[str, list[np.ndarray]] = {
             k: [] for k in (*self.KEYS, "telemetry_valid", "torque_enable")}
         self.timestamps: list[float] = []
@@ -61,17 +63,20 @@ class EpisodeBuffer:
         self.rows["torque_enable"].append(np.asarray(torque, dtype=float))
         for sid, err in f.errors.items():
             self.errors.setdefault(sid, err)
+        if self.journal is not None and len(self) - self._journaled >= self.journal.chunk_frames:
+            self.journal.extend(self.frames(start=self._journaled))
+            self._journaled = len(self)
 
-    def frames(self) -> dict[str, np.ndarray]:
-        out = {k: np.stack(v) for k, v in self.rows.items()}
-        T = len(self)
+    def frames(self, start: int = 0) -> dict[str, np.ndarray]:
+        out = {k: np.stack(v[start:]) for k, v in self.rows.items()}
+        T = len(self) - start
         if self.payload_kg is None:
             out["force"] = np.full((T, 3), math.nan)  # unlabelled
             out["payload_mass"] = np.full(T, math.nan)
         else:
             out["force"] = np.tile([0.0, 0.0, -self.payload_kg * G], (T, 1))
             out["payload_mass"] = np.full(T, self.payload_kg)
-        out["timestamp"] = np.asarray(self.timestamps)
+        out["timestamp"] = np.asarray(self.timestamps[start:])
         return out
 
 
@@ -185,7 +190,10 @@ def record(platform: str | Platform, leader: str, follower: str, task: str,
         foll_bus.set_torque(True)
         _ramp_to(foll_bus, first.q, ramp_s, fps, settle_s, tolerance)
         for ep in range(episodes):
-            buf = EpisodeBuffer(p.n, payload_kg)
+            journal = writer.begin_episode(task, split, episode_meta={
+                "leader_port": leader, "follower_port": follower, "payload_g": payload_g,
+                "seconds_requested": seconds})
+            buf = EpisodeBuffer(p.n, payload_kg, journal)
             bar = tqdm(total=int(round(seconds * fps)), desc=f"episode {ep + 1}/{episodes}",
                        unit="frame", disable=not progress, leave=True)
             stats: dict = {}
@@ -208,9 +216,12 @@ def record(platform: str | Platform, leader: str, follower: str, task: str,
                     "absent_servos": foll_bus.absent_ids,
                     "bus_counters": {k: v - before[k] for k, v in foll_bus.counters.items()},
                 }
-                writer.add_episode(buf.frames(), task, split, episode_meta=episode_meta)
+                writer.add_episode(buf.frames(), task, split, episode_meta=episode_meta,
+                                   journal=journal)
                 writer.flush()
                 saved.append((ep, len(buf)))
+            else:
+                journal.discard()
             if error is not None:
                 writer.close()
                 raise error
