@@ -89,7 +89,7 @@ def test_evaluate_writes_metrics_tables_and_plots(tiny):
     # q_cmd = q + 0.02 rad: command following is off by 0.02 rad = 1.146 deg on every joint
     # (q_cmd[i] vs q[i+1] adds the one-step motion, so it is at least that on average).
     assert min(mean["joints"]["command_following"]["@10"]) > 0.5
-    assert set(mean["force"]) == {"model", "linear_regression"}
+    assert set(mean["force"]) == {"model", "model_causal", "linear_regression"}
     # The idle task is a no-contact run; its force magnitude and false contacts are reported.
     assert m["aggregate"]["no_contact"]["tasks"].keys() == {"idle"}
     assert m["aggregate"]["contact"]["tasks"].keys() == {"carry"}
