@@ -131,6 +131,11 @@ def _live(a: argparse.Namespace) -> int:
     return 0
 
 
+PLATFORM_HELP = "platform name: so101, omx, franka or pendulum (conf/platform/<name>.yaml)"
+DEVICE_HELP = "cpu (default) or cuda[:i]"
+CKPT_HELP = "a checkpoint from `nactuator train`/`fit` (.ckpt) or a saved actuator bundle"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nactuator",
@@ -142,37 +147,40 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("sim-check", help="gradient and MuJoCo-parity checks of the simulator")
-    s.add_argument("--platform", required=True)
-    s.add_argument("--device", default="cpu")
+    s.add_argument("--platform", required=True, help=PLATFORM_HELP)
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--json", action="store_true", help="print the figures as JSON")
     s.set_defaults(func=_sim_check)
 
     d = sub.add_parser("data", help="NAD shards: import, synthesize, describe")
     dsub = d.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     s = dsub.add_parser("import-nad", help="import NAD CSV files (OMX, SO-101, Franka)")
-    s.add_argument("src")
-    s.add_argument("--out", required=True)
+    s.add_argument("src", help="a NAD CSV file or a folder of them (e.g. ../shared/data/nad/so101)")
+    s.add_argument("--out", required=True,
+                   help="dataset folder to create or append to (NAD shards)")
     s.add_argument("--platform", default=None, help="default: detected from the CSV header")
     s.add_argument("--allow-duplicates", action="store_true",
                    help="import files whose content (sha256) is already in the dataset")
     s.set_defaults(func=_data_import_nad)
     s = dsub.add_parser("import-bam", help="import BAM XL330 pendulum JSON logs")
-    s.add_argument("src")
-    s.add_argument("--out", required=True)
+    s.add_argument("src", help="a BAM raw JSON log or a folder of them")
+    s.add_argument("--out", required=True,
+                   help="dataset folder to create or append to (NAD shards)")
     s.add_argument("--allow-duplicates", action="store_true",
                    help="import files whose content (sha256) is already in the dataset")
     s.set_defaults(func=_data_import_bam)
     s = dsub.add_parser("synth", help="generate data from a hidden ground-truth servo world")
-    s.add_argument("--platform", required=True)
-    s.add_argument("--out", required=True)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--platform", required=True, help=PLATFORM_HELP)
+    s.add_argument("--out", required=True, help="dataset folder to create")
+    s.add_argument("--seed", type=int, default=0, help="seeds the world's servos and tasks")
     s.add_argument("--world", default=None, help="world YAML (default: conf/world/<platform>)")
-    s.add_argument("--trajectories-per-task", type=int, default=10)
+    s.add_argument("--trajectories-per-task", type=int, default=10,
+                   help="repetitions of each task (split 8:1:1 by trajectory)")
     s.add_argument("--seconds", type=float, default=None, help="length of each trajectory")
     s.add_argument("--tasks", nargs="*", default=None, help="subset of task names")
     s.set_defaults(func=_data_synth)
     s = dsub.add_parser("info", help="describe a dataset")
-    s.add_argument("path")
+    s.add_argument("path", help="dataset folder")
     s.set_defaults(func=_data_info)
 
     for name, what in (("fit", "train"), ("validate", "validate"), ("test", "test")):
@@ -181,16 +189,19 @@ def build_parser() -> argparse.ArgumentParser:
         s.set_defaults(func=_lightning, passthrough=True)
     s = sub.add_parser("train", help="train on a platform's default or given data "
                        "(what `make train` runs); extra args go to LightningCLI fit")
-    s.add_argument("--platform", required=True)
-    s.add_argument("--data", default=None, help="dataset path(s), comma separated")
+    s.add_argument("--platform", required=True, help=PLATFORM_HELP)
+    s.add_argument("--data", default=None, help="dataset path(s), comma separated "
+                   "(default: the platform's small synthetic dataset, generated once)")
     s.set_defaults(func=_train, passthrough=True)
 
     s = sub.add_parser("eval", help="evaluation protocol: rollouts, metrics, plots")
-    s.add_argument("--ckpt", required=True)
-    s.add_argument("--data", required=True)
-    s.add_argument("--split", default="test")
-    s.add_argument("--out", required=True)
-    s.add_argument("--device", default="cpu")
+    s.add_argument("--ckpt", required=True, help=CKPT_HELP)
+    s.add_argument("--data", required=True, help="dataset path(s), comma separated")
+    s.add_argument("--split", default="test", choices=["train", "validation", "test"],
+                   help="episodes to evaluate (default: test)")
+    s.add_argument("--out", required=True,
+                   help="folder for metrics.json, metrics.md and the PNG plots")
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--cv-folds", type=int, default=None,
                    help="evaluate with the splits of a cross-validation fold (see `cv`)")
     s.add_argument("--cv-fold", type=int, default=0, help="which fold (0-based)")
@@ -198,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("cv", help="k-fold cross-validation by trajectory of a training "
                        "recipe: mean ± sd over folds; extra args go to `train`")
-    s.add_argument("--platform", required=True, help="platform name (conf/platform/<name>)")
+    s.add_argument("--platform", required=True, help=PLATFORM_HELP)
     s.add_argument("--data", required=True, help="dataset path(s), comma separated")
     s.add_argument("--folds", type=int, default=None,
                    help="number of folds (default: leave one run out within each task)")
@@ -209,29 +220,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cv, passthrough=True)
 
     s = sub.add_parser("infer", help="causal force/gate/condition from telemetry (no simulator)")
-    s.add_argument("--ckpt", required=True)
-    s.add_argument("--data", required=True)
-    s.add_argument("--split", default=None)
+    s.add_argument("--ckpt", required=True, help=CKPT_HELP)
+    s.add_argument("--data", required=True, help="dataset path(s), comma separated")
+    s.add_argument("--split", default=None, choices=["train", "validation", "test"],
+                   help="episodes to run on (default: all)")
     s.add_argument("--out", default=None, help="CSV file for the predictions")
-    s.add_argument("--force-only", action="store_true")
+    s.add_argument("--force-only", action="store_true",
+                   help="write force and gate only (no per-motor condition columns)")
     s.set_defaults(func=_infer)
 
     s = sub.add_parser("export", help="export a checkpoint's model for deployment")
-    s.add_argument("--ckpt", required=True)
-    s.add_argument("--out", required=True)
-    s.add_argument("--format", default="torchscript", choices=["torchscript", "onnx"])
+    s.add_argument("--ckpt", required=True, help=CKPT_HELP)
+    s.add_argument("--out", required=True, help="file to write (.pt or .onnx)")
+    s.add_argument("--format", default="torchscript", choices=["torchscript", "onnx"],
+                   help="TorchScript (default) or ONNX")
     s.add_argument("--quantize", default="none", choices=["none", "int8"],
                    help="int8: ONNX Runtime dynamic quantization (--format onnx only), "
                         "checked against eager within the int8 tolerances")
     s.set_defaults(func=_export)
 
     s = sub.add_parser("sweep", help="run a wandb-format sweep YAML locally (offline)")
-    s.add_argument("file")
-    s.add_argument("--max-runs", type=int, default=None)
+    s.add_argument("file", help="sweep YAML (e.g. conf/sweeps/architecture.yaml)")
+    s.add_argument("--max-runs", type=int, default=None,
+                   help="run at most this many configurations (required for random)")
     s.add_argument("--method", default=None, choices=["grid", "random"],
                    help="override the file's method (grid: every combination, the first "
                         "parameter varying fastest; random: --max-runs seeded draws)")
-    s.add_argument("--out", default="runs/sweep")
+    s.add_argument("--out", default="runs/sweep",
+                   help="folder for one run-NNN/ per configuration and results.md")
     s.add_argument("extra", nargs="*", help="extra LightningCLI args for every run")
     s.set_defaults(func=_sweep, passthrough=True)
 
