@@ -1,7 +1,7 @@
 """What survives a crash: appends are atomic as a whole, recordings lose seconds, not episodes.
 
 A crash is simulated two ways. In-process: every file operation of the writer goes through
-``format._atomic_write_bytes`` or ``format._publish``; a hook counts them, copies the
+``writer._atomic_write_bytes`` or ``writer._publish``; a hook counts them, copies the
 dataset folder as it is on disk after the k-th one (what a kill at that moment leaves) and
 raises. This is done for every k of an append, of a new dataset and of an import. Out of
 process: a child process SIGKILLs itself at a chosen write, or mid-recording, so nothing
@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 from nactuator.data import DataFormatError, DatasetWriter, read_dataset
-from nactuator.data import format as fmt
+from nactuator.data import writer as fmt
+from nactuator.data.committed import read_parquet
 from nactuator.data.importers import import_nad
 from nactuator.data.info import describe
 from nactuator.platforms import load_platform
@@ -117,7 +118,7 @@ def assert_no_orphans(root: Path) -> None:
     info = json.loads((root / "meta" / "info.json").read_text())
     eps = sorted((root / "meta" / "episodes").glob("*/*.parquet"))
     data = sorted((root / "data").glob("*/*.parquet"))
-    rows = [r for p in eps for r in fmt._read_parquet(p).to_pylist()]
+    rows = [r for p in eps for r in read_parquet(p).to_pylist()]
     assert sorted(r["episode_index"] for r in rows) == list(range(info["total_episodes"]))
     referenced = {(r["data/chunk_index"], r["data/file_index"]) for r in rows}
     assert len(data) == len(referenced)
@@ -263,7 +264,7 @@ CHILD = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
     from nactuator.data import DatasetWriter
-    from nactuator.data import format as fmt
+    from nactuator.data import writer as fmt
     from nactuator.platforms import load_platform
 
     root, target = sys.argv[1], sys.argv[2]

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from nactuator.data import DataFormatError, DatasetWriter, read_dataset
-from nactuator.data import format as fmt
+from nactuator.data import writer as fmt
 from nactuator.platforms import load_platform
 
 OMX = load_platform("omx")

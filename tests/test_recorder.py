@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from nactuator.data.format import read_dataset
+from nactuator.data import read_dataset
 from nactuator.hardware.bus import HardwareAlert
 from nactuator.hardware.emulator import Emulator, Faults
 from nactuator.hardware.recorder import record, with_hardware

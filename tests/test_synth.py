@@ -9,7 +9,7 @@ import pytest
 
 import nactuator.data.synth as synth
 from nactuator.cli import main
-from nactuator.data.format import DataFormatError, read_dataset
+from nactuator.data import DataFormatError, read_dataset
 from nactuator.platforms import load_platform
 from nactuator.world import WorldError, WorldParams, load_world
 

@@ -6,16 +6,9 @@ Lightning/torch. Import ``nactuator.data.datamodule`` for :class:`NADDataModule`
 ``describe``.
 """
 
-from nactuator.data.format import (
-    FEATURES,
-    REQUIRED_KEYS,
-    SPLITS,
-    DataFormatError,
-    Dataset,
-    DatasetWriter,
-    Episode,
-    read_dataset,
-)
+from nactuator.data.reader import read_dataset
+from nactuator.data.schema import FEATURES, REQUIRED_KEYS, SPLITS, DataFormatError, Dataset, Episode
+from nactuator.data.writer import DatasetWriter
 
 __all__ = [
     "FEATURES",

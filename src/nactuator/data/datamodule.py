@@ -31,7 +31,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from nactuator.data.curriculum import HorizonCurriculum
 from nactuator.data.folds import fold_splits
-from nactuator.data.format import SPLITS, DataFormatError, read_dataset
+from nactuator.data.reader import read_dataset
+from nactuator.data.schema import SPLITS, DataFormatError
 from nactuator.data.stats import median_within_episodes, norm_stats
 from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import WINDOW_LENGTH

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from nactuator.data.format import DataFormatError
+from nactuator.data.schema import DataFormatError
 from nactuator.platforms import conf_dir
 
 __all__ = ["default_dataset"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nactuator.data.format import DataFormatError
+from nactuator.data.schema import DataFormatError
 
 __all__ = ["CV_SPLITS", "fold_splits", "runs_per_task"]
 

@@ -23,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from nactuator.data.format import SPLITS, DataFormatError, DatasetWriter
+from nactuator.data.schema import SPLITS, DataFormatError
+from nactuator.data.writer import DatasetWriter
 from nactuator.platforms import Platform, list_platforms, load_platform
 
 __all__ = ["import_bam", "import_nad", "read_bam_log", "read_nad_csv"]

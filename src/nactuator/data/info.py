@@ -10,16 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from nactuator.data.format import (
-    FEATURES,
-    PRIVATE_DIR,
-    SPLITS,
-    _committed,
-    _load_info,
-    _load_json,
-    _writer_active,
-    read_dataset,
-)
+from nactuator.data.committed import committed_state, load_info, load_json, writer_active
+from nactuator.data.reader import read_dataset
+from nactuator.data.schema import FEATURES, PRIVATE_DIR, SPLITS
 
 __all__ = ["describe"]
 
@@ -31,11 +24,11 @@ def _fmt(x: float | None) -> str:
 def describe(path: str | Path) -> str:
     """Episodes, frames, fps, platform, tasks, splits and per-feature ranges of a dataset."""
     root = Path(path)
-    info = _load_info(root)
-    state = _committed(root, info)
+    info = load_info(root)
+    state = committed_state(root, info)
     episodes = state.rows
     if state.stats_current:
-        stats = _load_json(root / "meta" / "stats.json")
+        stats = load_json(root / "meta" / "stats.json")
     else:
         stats = read_dataset(root).stats
     nact = info["nactuator"]
@@ -99,7 +92,7 @@ def _unfinished(root: Path, leftovers: int) -> list[str]:
     journals = [p for p in (root / PRIVATE_DIR / "journal").glob("*") if p.is_dir()]
     if not (leftovers or journals):
         return []
-    if _writer_active(root):
+    if writer_active(root):
         return [f"note: a writer is working on this dataset ({len(journals)} recording(s) in "
                 "progress); the figures above are its last commit"]
     notes = []

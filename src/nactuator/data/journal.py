@@ -5,7 +5,7 @@ keeps a durable copy on disk while it grows: every ``chunk_frames`` frames the c
 over a block, and a background thread writes it as one small parquet file (atomically,
 fsync'd), so the recording loop never waits on the disk. When the episode is committed to
 the dataset the journal is deleted; if the process dies first, the next
-:class:`~nactuator.data.format.DatasetWriter` opened on the dataset finds the journal and
+:class:`~nactuator.data.writer.DatasetWriter` opened on the dataset finds the journal and
 commits what it holds as an interrupted episode.
 
 Layout (inside the dataset's private folder ``.nactuator/``)::

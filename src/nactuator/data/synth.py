@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from nactuator.data.format import DataFormatError, DatasetWriter
+from nactuator.data.schema import DataFormatError
+from nactuator.data.writer import DatasetWriter
 from nactuator.platforms import Platform, conf_dir, load_platform
 from nactuator.world import World, WorldError, WorldParams, load_world
 from nactuator.world.tasks import Kinematics, plan_episode, task_seed

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from nactuator.data.format import DatasetWriter
+from nactuator.data.writer import DatasetWriter
 from nactuator.hardware.bus import BusError, TelemetryBus, TelemetryFrame, open_bus
 from nactuator.hardware.timing import sleep_until
 from nactuator.platforms import Platform, load_platform

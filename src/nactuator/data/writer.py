@@ -1,161 +1,73 @@
-"""NAD shards: the on-disk dataset format (LeRobot dataset v3.0 layout, read/written with pyarrow).
-
-A dataset is a folder::
-
-    meta/info.json                         codebase_version "v3.0", fps, robot_type, features, ...
-    meta/stats.json                        per-feature min/max/mean/std/count (NaN-aware)
-    meta/tasks.parquet                     task string (index) -> task_index
-    meta/episodes/chunk-CCC/file-FFF.parquet   one row per episode (split, task, length, pointers)
-    data/chunk-CCC/file-FFF.parquet        the frames, whole episodes in order
-    .nactuator/                            the writer's own: lock, staging, recording journals
-
-Crash safety: ``meta/info.json`` is the one commit point, and it names what is committed
-(``nactuator.commit``: how many data and episodes files, the hash of ``stats.json``).
-An append writes its new data and episodes files in ``.nactuator/staging``, moves them to
-their numbered places, rewrites ``tasks.parquet`` (only ever grows) and ``stats.json``, and
-replaces ``info.json`` last. Readers use only what ``info.json`` commits; the next writer
-(holding the dataset's lock) deletes whatever an interrupted append left and recomputes
-stale statistics. Episodes still being recorded are kept in journals
-(:mod:`nactuator.data.journal`) and committed by the next writer if their process died.
-``docs/data-format.md`` describes every field.
-
-Canonical per-frame keys (Contract 1 of docs/architecture.md) map to on-disk features via
-:data:`FEATURES`; the rest of the library only ever sees canonical keys.
+"""Writing datasets: :class:`DatasetWriter` creates a dataset or opens one to append whole
+episodes, validates them against the schema, and commits each flush atomically. An append
+writes its new data and episodes files in ``.nactuator/staging``, moves them to their numbered
+places, rewrites ``tasks.parquet`` (it only ever grows) and ``stats.json``, and replaces
+``info.json`` last, the commit point (:mod:`nactuator.data.committed`). On opening, the writer
+takes the dataset's lock, deletes whatever an interrupted append left, recomputes stale
+statistics, and commits the episodes of recordings whose process died (their journals,
+:mod:`nactuator.data.journal`).
 """
 
 from __future__ import annotations
 
-import fcntl
-import functools
-import hashlib
 import json
 import logging
 import math
-import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nactuator import atomic
+from nactuator.atomic import json_safe
+from nactuator.data.committed import (
+    CommittedState,
+    WriterLock,
+    committed_state,
+    json_bytes,
+    load_info,
+    load_json,
+    mkdir_durable,
+    read_parquet,
+    sha256,
+    stray_files,
+)
+from nactuator.data.dataset_stats import (
+    add_frames,
+    committed_stats_bytes,
+    stats_bytes,
+    stats_from_json,
+)
 from nactuator.data.journal import EpisodeJournal, JournalError, read_journal
-from nactuator.errors import UserError
+from nactuator.data.schema import (
+    CHUNKS_SIZE,
+    CODEBASE_VERSION,
+    DATA_FILE_SIZE_IN_MB,
+    DATA_PATH,
+    EPISODES_PATH,
+    FEATURES,
+    FORMAT_TAG,
+    PRIVATE_DIR,
+    REQUIRED_KEYS,
+    SPLITS,
+    DataFormatError,
+    feature_schema,
+    feature_width,
+)
 from nactuator.platforms import Platform
 
-__all__ = [
-    "CODEBASE_VERSION",
-    "FEATURES",
-    "REQUIRED_KEYS",
-    "SPLITS",
-    "DataFormatError",
-    "Dataset",
-    "DatasetWriter",
-    "Episode",
-    "EpisodeJournal",
-    "read_dataset",
-]
+__all__ = ["JOURNAL_CHUNK_S", "DatasetWriter"]
 
 log = logging.getLogger(__name__)
 
-CODEBASE_VERSION = "v3.0"
-FORMAT_TAG = "nactuator-nad/1"
-SPLITS = ("train", "validation", "test")
-CHUNKS_SIZE = 1000  # files per chunk folder, as LeRobot
-DATA_FILE_SIZE_IN_MB = 100  # a flush starts a new data file beyond this much buffered data
-DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-PRIVATE_DIR = ".nactuator"  # beside meta/ and data/; LeRobot readers never look in it
 JOURNAL_CHUNK_S = 2.0  # a recording in progress reaches the disk every this many seconds
-
-
-class DataFormatError(UserError, ValueError):
-    """Bad dataset input or a damaged dataset; the message names the file/key and the problem."""
-
-
-@dataclass(frozen=True)
-class FeatureSpec:
-    name: str  # on-disk feature name
-    width: str  # "n" (one value per channel), "3" (force), "1" (scalar per frame)
-    required: bool
-    default: float  # fill value when an optional key is not given
-    unit: str  # unit description ("joint" = rad / m by channel kind)
-
-
-# Canonical key -> on-disk feature. Order here is the column order in the data files.
-FEATURES: dict[str, FeatureSpec] = {
-    "q_cmd": FeatureSpec("action", "n", True, math.nan, "joint"),
-    "q": FeatureSpec("observation.state", "n", True, math.nan, "joint"),
-    "qd": FeatureSpec("observation.velocity", "n", True, math.nan, "joint/s"),
-    "effort": FeatureSpec("observation.effort", "n", True, math.nan, "effort"),
-    "voltage": FeatureSpec("observation.voltage", "n", True, math.nan, "V"),
-    "temperature": FeatureSpec("observation.temperature", "n", True, math.nan, "degC"),
-    "pwm": FeatureSpec("observation.pwm", "n", False, math.nan, "duty"),
-    "current": FeatureSpec("observation.current", "n", False, math.nan, "A"),
-    "force": FeatureSpec("observation.ee_force", "3", False, math.nan, "N"),
-    "payload_mass": FeatureSpec("observation.payload_mass", "1", False, math.nan, "kg"),
-    "condition": FeatureSpec("observation.condition", "n", False, math.nan, "1"),
-    "telemetry_valid": FeatureSpec("observation.telemetry_valid", "n", False, 1.0, "1"),
-    "torque_enable": FeatureSpec("observation.torque_enable", "n", False, 1.0, "1"),
-}
-REQUIRED_KEYS = tuple(k for k, s in FEATURES.items() if s.required)
-_EFFORT_UNITS = {"current": "A", "load": "fraction of max torque", "torque": None, "pwm": "duty"}
 _INDEX_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
 
-def _channel_units(spec: FeatureSpec, platform: Platform) -> list[str] | str:
-    if spec.width != "n":
-        return spec.unit
-    units = []
-    for c in platform.channels:
-        if spec.unit == "joint":
-            units.append(c.unit)
-        elif spec.unit == "joint/s":
-            units.append(f"{c.unit}/s")
-        elif spec.unit == "effort":
-            units.append(_EFFORT_UNITS[platform.effort_signal] or c.effort_unit)
-        else:
-            units.append(spec.unit)
-    return units
-
-
-def _feature_schema(platform: Platform) -> dict[str, dict]:
-    """The info.json ``features`` block (LeRobot style, plus our ``unit`` and ``key``)."""
-    features: dict[str, dict] = {
-        "timestamp": {"dtype": "float32", "shape": [1], "names": None, "unit": "s"},
-        "frame_index": {"dtype": "int64", "shape": [1], "names": None},
-        "episode_index": {"dtype": "int64", "shape": [1], "names": None},
-        "index": {"dtype": "int64", "shape": [1], "names": None},
-        "task_index": {"dtype": "int64", "shape": [1], "names": None},
-    }
-    for key, spec in FEATURES.items():
-        if spec.width == "n":
-            shape, names = [platform.n], platform.channel_names
-        elif spec.width == "3":
-            shape, names = [3], ["x", "y", "z"]
-        else:
-            shape, names = [1], None
-        features[spec.name] = {
-            "dtype": "float32",
-            "shape": shape,
-            "names": names,
-            "unit": _channel_units(spec, platform),
-            "key": key,
-        }
-    return features
-
-
-def _width(spec: FeatureSpec, n: int) -> int:
-    return {"n": n, "3": 3, "1": 1}[spec.width]
-
-
-
-# --------------------------------------------------------------------------- atomic files
-
-
+# Every file the writer puts into a dataset goes through these two (the crash tests hook them).
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic.write_bytes(path, data)
 
@@ -165,151 +77,10 @@ def _publish(src: Path, dst: Path) -> None:
     atomic.replace(src, dst)
 
 
-def _json_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode()
-
-
 def _parquet_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="snappy")
     return sink.getvalue().to_pybytes()
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _mkdir_durable(folder: Path) -> None:
-    """Create ``folder`` (and parents) so that a power cut cannot lose the new entry."""
-    missing = [p for p in (folder, *folder.parents) if not p.exists()]
-    folder.mkdir(parents=True, exist_ok=True)
-    for p in reversed(missing):
-        atomic.fsync_dir(p.parent)
-
-
-_json_safe = atomic.json_safe  # NaN/inf -> null, so stats.json stays strict JSON
-
-
-class _WriterLock:
-    """One writer per dataset at a time (``flock`` on ``.nactuator/lock``): the writer may
-    then delete what an interrupted append left without racing a live one. The kernel drops
-    the lock when its process dies, however it dies."""
-
-    def __init__(self, root: Path) -> None:
-        path = root / PRIVATE_DIR / "lock"
-        _mkdir_durable(path.parent)
-        self._file = open(path, "a+")  # noqa: SIM115 (held for the writer's lifetime)
-        try:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._file.seek(0)
-            holder = self._file.read().strip() or "?"
-            self._file.close()
-            raise DataFormatError(
-                f"{root}: another writer (process {holder}) has this dataset open; wait for it "
-                f"to finish (lock: {path})") from None
-        self._file.seek(0)
-        self._file.truncate()
-        self._file.write(f"{os.getpid()}\n")
-        self._file.flush()
-
-    def release(self) -> None:
-        if self._file is not None and not self._file.closed:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
-            self._file.close()
-
-
-def _writer_active(root: Path) -> bool:
-    """True while some process holds the dataset's writer lock (readers only report it)."""
-    path = root / PRIVATE_DIR / "lock"
-    if not path.exists():
-        return False
-    with open(path) as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-    return False
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-def _partial_stats(values: np.ndarray) -> dict[str, np.ndarray]:
-    """NaN-aware per-channel count/sum/sum-of-squares/min/max of a (T, w) block."""
-    finite = np.isfinite(values)
-    zeroed = np.where(finite, values, 0.0).astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        vmin = np.where(finite, values, np.inf).min(axis=0)
-        vmax = np.where(finite, values, -np.inf).max(axis=0)
-    return {
-        "count": finite.sum(axis=0).astype(np.int64),
-        "sum": zeroed.sum(axis=0),
-        "sumsq": (zeroed * zeroed).sum(axis=0),
-        "min": vmin.astype(np.float64),
-        "max": vmax.astype(np.float64),
-    }
-
-
-def _stats_to_json(p: dict[str, np.ndarray]) -> dict[str, list]:
-    count = p["count"]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(count > 0, p["sum"] / np.maximum(count, 1), np.nan)
-        var = np.where(count > 0, p["sumsq"] / np.maximum(count, 1) - mean * mean, np.nan)
-    std = np.sqrt(np.maximum(var, 0.0))
-    nan_if_empty = lambda a: np.where(count > 0, a, np.nan)  # noqa: E731
-    return _json_safe(
-        {
-            "min": nan_if_empty(p["min"]).tolist(),
-            "max": nan_if_empty(p["max"]).tolist(),
-            "mean": mean.tolist(),
-            "std": np.where(count > 0, std, np.nan).tolist(),
-            "count": count.tolist(),
-        }
-    )
-
-
-def _stats_from_json(s: dict) -> dict[str, np.ndarray]:
-    """Invert :func:`_stats_to_json` into additive partial sums (so appends can aggregate)."""
-    nan = lambda v: np.array([math.nan if x is None else x for x in v], dtype=np.float64)  # noqa: E731
-    count = np.array(s["count"], dtype=np.int64)
-    mean = np.nan_to_num(nan(s["mean"]))
-    std = np.nan_to_num(nan(s["std"]))
-    return {
-        "count": count,
-        "sum": mean * count,
-        "sumsq": (std * std + mean * mean) * count,
-        "min": np.where(count > 0, nan(s["min"]), np.inf),
-        "max": np.where(count > 0, nan(s["max"]), -np.inf),
-    }
-
-
-def _merge_partial(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {
-        "count": a["count"] + b["count"],
-        "sum": a["sum"] + b["sum"],
-        "sumsq": a["sumsq"] + b["sumsq"],
-        "min": np.minimum(a["min"], b["min"]),
-        "max": np.maximum(a["max"], b["max"]),
-    }
-
-
-
-_STAT_NAMES = {key: spec.name for key, spec in FEATURES.items()} | {"timestamp": "timestamp"}
-
-
-def _stats_of(frames: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
-    """Partial statistics of every feature over a block of frames (canonical keys)."""
-    return {name: _partial_stats(frames[key].reshape(frames[key].shape[0], -1))
-            for key, name in _STAT_NAMES.items()}
-
-
-def _stats_bytes(stats: dict[str, dict[str, np.ndarray]]) -> bytes:
-    return _json_bytes({name: _stats_to_json(p) for name, p in stats.items()})
-
-
-# --------------------------------------------------------------------------- writer
 
 
 @dataclass
@@ -353,15 +124,15 @@ class DatasetWriter:
             raise DataFormatError(f"{self.root}: fps must be a positive number, got {fps!r}")
         self.recovered: list[tuple[int, int]] = []  # (episode_index, frames) from journals
         self._metadata = metadata
-        self._features = _feature_schema(platform)
+        self._features = feature_schema(platform)
         self._pending: list[_PendingEpisode] = []
         self._pending_bytes = 0
         self._journals: list[EpisodeJournal] = []  # begun, not yet added
-        self._lock: _WriterLock | None = None
+        self._lock: WriterLock | None = None
         self._metas: list[dict] | None = []  # episode_meta of committed episodes (lazy)
         self._closed = False
         if (self.root / "meta" / "info.json").exists():
-            self._check_compatible(_load_info(self.root))  # before locking: refuse cheaply
+            self._check_compatible(load_info(self.root))  # before locking: refuse cheaply
             self._exists = True
             self._acquire()
         else:
@@ -415,7 +186,7 @@ class DatasetWriter:
         _, meta = self._check_labels(task, split, episode_meta)
         self._acquire()
         folder = self.root / PRIVATE_DIR / "journal" / EpisodeJournal.new_id()
-        _mkdir_durable(folder.parent)  # once per dataset; the journal fsyncs its own folder
+        mkdir_durable(folder.parent)  # once per dataset; the journal fsyncs its own folder
         journal = EpisodeJournal(folder, task, split, meta, self.fps,
                                  chunk_frames=round(chunk_seconds * self.fps))
         self._journals.append(journal)
@@ -439,7 +210,7 @@ class DatasetWriter:
         """The ``episode_meta`` of every committed and buffered episode, in index order
         (importers look up source hashes here)."""
         if self._metas is None:
-            rows = _committed(self.root, self._info).rows
+            rows = committed_state(self.root, self._info).rows
             self._metas = [json.loads(r["meta"]) if r["meta"] else {} for r in rows]
         return list(self._metas) + [ep.meta for ep in self._pending]
 
@@ -500,7 +271,7 @@ class DatasetWriter:
         if not self._exists:
             self._create()
             return
-        self._lock = _WriterLock(self.root)
+        self._lock = WriterLock(self.root)
         try:
             self._open_existing()
         except BaseException:
@@ -515,15 +286,15 @@ class DatasetWriter:
     def _create(self) -> None:
         """Commit an empty dataset (``info.json`` first), so every later state is one that
         opens: a crash from here on leaves a dataset, never a folder that is refused."""
-        _mkdir_durable(self.root)
-        self._lock = _WriterLock(self.root)
+        mkdir_durable(self.root)
+        self._lock = WriterLock(self.root)
         try:
             if (self.root / "meta" / "info.json").exists():
                 raise DataFormatError(f"{self.root}: another process created a dataset here "
                                       "meanwhile; run again to append to it")
             if _foreign_files(self.root):
                 raise DataFormatError(f"{self.root}: files appeared in the folder meanwhile")
-            for p in _stray_files(self.root):
+            for p in stray_files(self.root):
                 p.unlink(missing_ok=True)
             self._info = self._new_info(self._metadata or {})
             self._tasks, self._stats, self._metas = {}, {}, []
@@ -536,14 +307,14 @@ class DatasetWriter:
             raise
 
     def _open_existing(self) -> None:
-        info = _load_info(self.root)
+        info = load_info(self.root)
         self._check_compatible(info)
         state, self._tasks = self._roll_back(info)
         if self._metadata:
             info["nactuator"].setdefault("metadata", {}).update(self._metadata)
         self._info = info
-        stored = _load_json(self.root / "meta" / "stats.json")
-        self._stats = {name: _stats_from_json(s) for name, s in stored.items()}
+        stored = load_json(self.root / "meta" / "stats.json")
+        self._stats = {name: stats_from_json(s) for name, s in stored.items()}
         self._metas = None  # read from meta/episodes when first needed
         self._next_episode = int(info["total_episodes"])
         self._next_frame = int(info["total_frames"])
@@ -551,11 +322,11 @@ class DatasetWriter:
         self._next_episodes_file = state.episodes_files
         self._recover_journals()
 
-    def _roll_back(self, info: dict) -> tuple[_Committed, dict[str, int]]:
+    def _roll_back(self, info: dict) -> tuple[CommittedState, dict[str, int]]:
         """Bring the files to exactly what ``info.json`` commits (returns that and the
         committed tasks). Every step is idempotent: a crash in here is repaired by the next
         open."""
-        state = _committed(self.root, info)
+        state = committed_state(self.root, info)
         meta = self.root / "meta"
         total_tasks = int(info.get("total_tasks", 0))
         tasks_path = meta / "tasks.parquet"
@@ -569,12 +340,12 @@ class DatasetWriter:
             _atomic_write_bytes(tasks_path, _parquet_bytes(_tasks_table(kept)))
             tasks = kept
         if not state.stats_current:  # stats.json of an interrupted append: recompute
-            data = _committed_stats_bytes(self.root, info, state.rows)
+            data = committed_stats_bytes(self.root, info, state.rows)
             _atomic_write_bytes(meta / "stats.json", data)
             info.setdefault("nactuator", {})["commit"] = {
                 "total_episodes": state.total, "data_files": state.data_files,
-                "episodes_files": state.episodes_files, "stats_sha256": _sha256(data)}
-            _atomic_write_bytes(meta / "info.json", _json_bytes(_json_safe(info)))
+                "episodes_files": state.episodes_files, "stats_sha256": sha256(data)}
+            _atomic_write_bytes(meta / "info.json", json_bytes(json_safe(info)))
         for p in state.leftovers:
             p.unlink(missing_ok=True)
         if state.leftovers:
@@ -657,7 +428,7 @@ class DatasetWriter:
         (self._tasks, self._stats, self._next_frame, self._next_data_file,
          self._next_episodes_file) = undo["state"]
         try:
-            for p in _committed(self.root, self._info).leftovers:
+            for p in committed_state(self.root, self._info).leftovers:
                 p.unlink(missing_ok=True)
             for p, data in undo["files"].items():
                 if not p.exists() or p.read_bytes() != data:
@@ -732,7 +503,7 @@ class DatasetWriter:
                 missed = valid == 0
         clean: dict[str, np.ndarray] = {}
         for key, spec in FEATURES.items():
-            w = _width(spec, n)
+            w = feature_width(spec, n)
             if key not in frames:
                 continue
             arr = np.asarray(frames[key], dtype=np.float64)
@@ -770,7 +541,8 @@ class DatasetWriter:
             raise DataFormatError(f"{where}: empty episode (0 frames)")
         for key, spec in FEATURES.items():
             if key not in clean:
-                clean[key] = np.full((length, _width(spec, n)), spec.default, dtype=np.float32)
+                shape = (length, feature_width(spec, n))
+                clean[key] = np.full(shape, spec.default, dtype=np.float32)
         if "timestamp" in frames:
             ts = np.asarray(frames["timestamp"], dtype=np.float64).reshape(-1)
             if ts.shape[0] != length:
@@ -860,21 +632,17 @@ class DatasetWriter:
         # parquet file under data/ and meta/episodes/) cannot see a half-done append.
         staging = self.root / PRIVATE_DIR / "staging"
         staged_data, staged_eps = staging / "data.parquet", staging / "episodes.parquet"
-        _mkdir_durable(staging)
+        mkdir_durable(staging)
         _atomic_write_bytes(staged_data, _parquet_bytes(data_table))
         _atomic_write_bytes(staged_eps, _parquet_bytes(_episodes_table(rows, n)))
-        _mkdir_durable(data_path.parent)
-        _mkdir_durable(ep_path.parent)
+        mkdir_durable(data_path.parent)
+        mkdir_durable(ep_path.parent)
         _publish(staged_data, data_path)
         _publish(staged_eps, ep_path)
 
-        stats = dict(self._stats)
-        for name, part in _stats_of(
-            {key: np.concatenate([ep.frames[key] for ep in self._pending]) for key in _STAT_NAMES}
-        ).items():
-            stats[name] = _merge_partial(stats[name], part) if name in stats else part
-
-        self._tasks, self._stats = task_index, stats
+        new_frames = {key: np.concatenate([ep.frames[key] for ep in self._pending])
+                      for key in self._pending[0].frames}
+        self._tasks, self._stats = task_index, add_frames(self._stats, new_frames)
         self._next_frame = frame
         self._next_data_file += 1
         self._next_episodes_file += 1
@@ -927,17 +695,17 @@ class DatasetWriter:
         """tasks.parquet and stats.json, then info.json: the commit. A new dataset writes
         info.json first (an empty commit), then the other two."""
         meta = self.root / "meta"
-        stats = _stats_bytes(self._stats)
+        stats = stats_bytes(self._stats)
         self._info["nactuator"]["commit"] = {
             "total_episodes": self._info["total_episodes"],
             "data_files": self._next_data_file,
             "episodes_files": self._next_episodes_file,
-            "stats_sha256": _sha256(stats),
+            "stats_sha256": sha256(stats),
         }
-        info = (meta / "info.json", _json_bytes(_json_safe(self._info)))
+        info = (meta / "info.json", json_bytes(json_safe(self._info)))
         others = [(meta / "tasks.parquet", _parquet_bytes(_tasks_table(self._tasks))),
                   (meta / "stats.json", stats)]
-        _mkdir_durable(meta)
+        mkdir_durable(meta)
         for path, data in [info, *others] if info_first else [*others, info]:
             _atomic_write_bytes(path, data)
 
@@ -1006,292 +774,18 @@ def _tasks_table(tasks: dict[str, int]) -> pa.Table:
     return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
 
 
-# --------------------------------------------------------------------------- reading
-
-
-@dataclass
-class Episode:
-    """One episode: frames as views into the dataset's concatenated arrays."""
-
-    index: int
-    task: str
-    split: str
-    length: int
-    payload_mass: float
-    meta: dict
-    frames: dict[str, np.ndarray]  # canonical key -> float32 (T, w); payload_mass, timestamp (T,)
-
-
-@dataclass
-class Dataset:
-    """A whole dataset in memory: ``frames`` concatenated over episodes (row = global index)."""
-
-    root: Path
-    platform: str
-    fps: float
-    info: dict
-    stats: dict
-    frames: dict[str, np.ndarray]
-    episodes: list[Episode] = field(default_factory=list)
-
-    @property
-    def starts(self) -> np.ndarray:
-        """Row offset of each episode in :attr:`frames`."""
-        return np.cumsum([0] + [e.length for e in self.episodes[:-1]], dtype=np.int64)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.array([e.length for e in self.episodes], dtype=np.int64)
-
-    def split_indices(self, split: str) -> list[int]:
-        return [i for i, e in enumerate(self.episodes) if e.split == split]
-
-
-def _load_json(path: Path) -> Any:
-    if not path.exists():
-        raise DataFormatError(f"{path}: missing (expected a NAD dataset written by nactuator)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataFormatError(f"{path}: not valid JSON: {e}") from e
-
-
-def _load_info(root: Path) -> dict:
-    info = _load_json(root / "meta" / "info.json")
-    where = root / "meta" / "info.json"
-    for key in ("codebase_version", "fps", "features", "total_episodes", "total_frames"):
-        if key not in info:
-            raise DataFormatError(f"{where}: missing field '{key}'")
-    if info["codebase_version"] != CODEBASE_VERSION:
-        raise DataFormatError(
-            f"{where}: codebase_version {info['codebase_version']!r}, expected {CODEBASE_VERSION!r}"
-        )
-    if info.get("nactuator", {}).get("format") != FORMAT_TAG:
-        raise DataFormatError(f"{where}: not a nactuator NAD dataset (nactuator.format missing)")
-    return info
-
-
 def _load_tasks(root: Path) -> dict[str, int]:
-    table = _read_parquet(root / "meta" / "tasks.parquet")
+    """tasks.parquet as written by :func:`_tasks_table`: task string -> task_index."""
+    table = read_parquet(root / "meta" / "tasks.parquet")
     names = table.column("__index_level_0__").to_pylist()
     return dict(zip(names, table.column("task_index").to_pylist(), strict=True))
 
 
-def _read_parquet(path: Path) -> pa.Table:
-    if not path.exists():
-        raise DataFormatError(f"{path}: missing file referenced by the dataset")
-    try:
-        return pq.read_table(path)
-    except (pa.ArrowException, OSError) as e:
-        raise DataFormatError(f"{path}: corrupt or truncated parquet file ({e})") from e
-
-
-
-
-def _numbered(folder: Path) -> list[tuple[int, Path]]:
-    """``chunk-CCC/file-FFF.parquet`` files under ``folder`` as (file number, path), sorted."""
-    out = []
-    for p in folder.glob("chunk-*/file-*.parquet"):
-        try:
-            number = int(p.parent.name.split("-")[1]) * CHUNKS_SIZE + int(p.stem.split("-")[1])
-        except (IndexError, ValueError):
-            continue
-        out.append((number, p))
-    return sorted(out)
-
-
-def _stray_files(root: Path) -> list[Path]:
-    """Temporary files of writes that never finished (a crash between write and rename)."""
-    folders = [root, root / "meta", *root.glob("meta/episodes/chunk-*"), *root.glob("data/chunk-*")]
-    return [p for f in folders for p in f.glob(f".*{atomic.TEMP_SUFFIX}") if p.is_file()]
-
-
 def _foreign_files(root: Path) -> list[Path]:
     """Files in a folder without info.json that a crashed dataset creation cannot explain."""
-    ours = set(_stray_files(root))
+    ours = set(stray_files(root))
     return [p for p in root.rglob("*")
             if p.is_file() and p not in ours and p.relative_to(root).parts[0] != PRIVATE_DIR]
-
-
-@dataclass
-class _Committed:
-    """What ``info.json`` commits, and what else lies in the dataset's folders."""
-
-    root: Path
-    total: int  # episodes committed
-    episodes_paths: list[Path]  # the committed episodes files, in order
-    episodes_files: int  # episodes files 0 .. episodes_files - 1 are committed
-    data_files: int  # data files 0 .. data_files - 1 are committed
-    leftovers: list[Path]  # not committed: ignored by readers, removed by the next writer
-    stats_current: bool  # stats.json is the committed one
-
-    @functools.cached_property
-    def rows(self) -> list[dict]:
-        """The committed meta/episodes rows, in episode order (read on first use)."""
-        rows = _episode_rows(self.episodes_paths)
-        if [r["episode_index"] for r in rows] != list(range(self.total)):
-            raise DataFormatError(
-                f"{self.root}: meta/episodes holds {len(rows)} episodes but info.json says "
-                f"{self.total} (damaged dataset: episode files missing or edited)"
-            )
-        return rows
-
-
-def _committed(root: Path, info: dict) -> _Committed:
-    episodes = _numbered(root / "meta" / "episodes")
-    data = _numbered(root / "data")
-    total = int(info["total_episodes"])
-    commit = info.get("nactuator", {}).get("commit")
-    if commit is not None:
-        n_eps = int(commit["episodes_files"])
-        kept = [p for k, p in episodes if k < n_eps]
-        if len(kept) != n_eps:
-            have = {k for k, _ in episodes}
-            k = next(i for i in range(n_eps) if i not in have)
-            path = root / EPISODES_PATH.format(chunk_index=k // CHUNKS_SIZE,
-                                               file_index=k % CHUNKS_SIZE)
-            raise DataFormatError(f"{path}: missing file referenced by the dataset")
-        # A writer that does not know `commit` (an older nactuator) keeps it as it was while
-        # changing total_episodes: then its count is the truth, and the files are counted.
-        if commit.get("total_episodes", total) != total:
-            commit = None
-    if commit is not None:
-        n_data = int(commit["data_files"])
-        stats = root / "meta" / "stats.json"
-        current = stats.exists() and _sha256(stats.read_bytes()) == commit["stats_sha256"]
-        state = _Committed(root, total, kept, n_eps, n_data, [], current)
-    else:
-        # No usable commit block (written before it existed): the committed episodes files
-        # are the first ones, up to the total info.json counts (later: an interrupted append).
-        kept, counted = [], 0
-        for _, p in episodes:
-            if counted >= total:
-                break
-            kept.append(p)
-            counted += _num_rows(p)
-        state = _Committed(root, total, kept, len(kept), 0, [], False)
-        state.data_files = 1 + max((r["data/chunk_index"] * CHUNKS_SIZE + r["data/file_index"]
-                                    for r in state.rows), default=-1)
-        state.stats_current = len(kept) == len(episodes) and state.data_files == len(data)
-    staging = root / PRIVATE_DIR / "staging"
-    state.leftovers = (
-        [p for k, p in episodes if k >= state.episodes_files]
-        + [p for k, p in data if k >= state.data_files]
-        + sorted(p for p in staging.glob("*") if p.is_file())
-        + _stray_files(root)
-    )
-    return state
-
-
-def _num_rows(path: Path) -> int:
-    try:
-        return pq.read_metadata(path).num_rows
-    except (pa.ArrowException, OSError) as e:
-        raise DataFormatError(f"{path}: corrupt or truncated parquet file ({e})") from e
-
-
-def _episode_rows(paths: list[Path]) -> list[dict]:
-    rows = pa.concat_tables([_read_parquet(p) for p in paths]).to_pylist() if paths else []
-    return sorted(rows, key=lambda r: r["episode_index"])
-
-
-def _column_numpy(table: pa.Table, name: str, width: int, where: Path) -> np.ndarray:
-    if name not in table.column_names:
-        raise DataFormatError(f"{where}: missing column '{name}'")
-    col = table.column(name).combine_chunks()
-    if pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
-        values = col.flatten().to_numpy(zero_copy_only=False)
-        return values.reshape(len(col), width)
-    return col.to_numpy(zero_copy_only=False).reshape(len(col), width)
-
-
-
-
-def _read_frames(root: Path, rows: list[dict], n: int) -> dict[str, np.ndarray]:
-    """The frames of the committed episodes ``rows``, concatenated (canonical keys)."""
-    by_file: dict[tuple[int, int], list[dict]] = {}
-    for r in rows:
-        by_file.setdefault((r["data/chunk_index"], r["data/file_index"]), []).append(r)
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in [*FEATURES, "timestamp"]}
-    in_order = sorted(by_file.items(), key=lambda kv: kv[1][0]["episode_index"])
-    for (chunk, fidx), file_rows in in_order:
-        path = root / DATA_PATH.format(chunk_index=chunk, file_index=fidx)
-        table = _read_parquet(path)
-        index = _column_numpy(table, "index", 1, path)[:, 0]
-        expected = np.concatenate(
-            [np.arange(r["dataset_from_index"], r["dataset_to_index"]) for r in file_rows]
-        )
-        if index.shape != expected.shape or (index != expected).any():
-            raise DataFormatError(
-                f"{path}: frame 'index' column does not match meta/episodes "
-                f"(episodes {file_rows[0]['episode_index']}..{file_rows[-1]['episode_index']})"
-            )
-        for key, spec in FEATURES.items():
-            values = _column_numpy(table, spec.name, _width(spec, n), path).astype(np.float32)
-            parts[key].append(values[:, 0] if spec.width == "1" else values)
-        timestamps = _column_numpy(table, "timestamp", 1, path)[:, 0]
-        parts["timestamp"].append(timestamps.astype(np.float32))
-
-    def empty(key: str) -> np.ndarray:
-        spec = FEATURES.get(key)
-        scalar = spec is None or spec.width == "1"
-        return np.zeros((0,) if scalar else (0, _width(spec, n)), np.float32)
-
-    return {k: np.concatenate(v) if v else empty(k) for k, v in parts.items()}
-
-
-def _committed_stats_bytes(root: Path, info: dict, rows: list[dict],
-                           frames: dict[str, np.ndarray] | None = None) -> bytes:
-    """stats.json of exactly the committed episodes, recomputed from their frames."""
-    if not rows:
-        return _json_bytes({})
-    if frames is None:
-        frames = _read_frames(root, rows, len(info["nactuator"]["channels"]))
-    return _stats_bytes(_stats_of(frames))
-
-
-def read_dataset(root: str | Path) -> Dataset:
-    """Read a whole dataset into memory (canonical keys, float32).
-
-    Only what ``meta/info.json`` commits is read: files an interrupted append left are
-    ignored (the next writer removes them), and statistics are recomputed if ``stats.json``
-    is not the committed one. Never writes.
-    """
-    root = Path(root)
-    info = _load_info(root)
-    state = _committed(root, info)
-    n = len(info["nactuator"]["channels"])
-    frames = _read_frames(root, state.rows, n)
-    if state.stats_current:
-        stats = _load_json(root / "meta" / "stats.json")
-    else:
-        stats = json.loads(_committed_stats_bytes(root, info, state.rows, frames))
-    episodes = []
-    offset = 0
-    for r in state.rows:
-        length = int(r["length"])
-        sl = slice(offset, offset + length)
-        episodes.append(
-            Episode(
-                index=int(r["episode_index"]),
-                task=r["task"],
-                split=r["split"],
-                length=length,
-                payload_mass=math.nan if r["payload_mass"] is None else float(r["payload_mass"]),
-                meta=json.loads(r["meta"]) if r["meta"] else {},
-                frames={k: v[sl] for k, v in frames.items()},
-            )
-        )
-        offset += length
-    return Dataset(
-        root=root,
-        platform=info["nactuator"]["platform"],
-        fps=float(info["fps"]),
-        info=info,
-        stats=stats,
-        frames=frames,
-        episodes=episodes,
-    )
 
 
 def _discard_journal(journal: EpisodeJournal | Path | None) -> None:
