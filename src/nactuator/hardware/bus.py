@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,24 +155,23 @@ def load_calibration(path: str | Path | None) -> dict | None:
     return raw
 
 
-def min_reply_timeout(port_handler, ms: float) -> None:
-    """Make every status-packet wait of a vendor SDK ``PortHandler`` last at least ``ms``.
+def min_reply_timeout(port_handler, ms: float | Callable[[], float]) -> None:
+    """Make the waits a vendor SDK ``PortHandler`` sizes itself last at least ``ms`` (a
+    number, or a function giving the current floor).
 
-    The SDKs size most waits from a fixed USB latency guess (dynamixel_sdk: 2 x 16 ms + 2;
-    LeRobot's Feetech patch: 50 ms + bytes). A slower adapter, or a loaded machine running
-    an emulator, needs longer: ``hardware.rx_timeout_ms`` raises the floor for all of them.
+    The SDKs size their waits (ping, read, write) from a fixed USB latency guess
+    (dynamixel_sdk: 2 x 16 ms + 2; LeRobot's Feetech patch: 50 ms + bytes). A slower
+    adapter, or a loaded machine running an emulator, needs longer. Waits given in ms
+    (``setPacketTimeoutMillis``, e.g. the telemetry read's ``rx_timeout_ms``) are kept.
     """
-    set_bytes, set_ms = port_handler.setPacketTimeout, port_handler.setPacketTimeoutMillis
+    set_bytes = port_handler.setPacketTimeout
+    floor = ms if callable(ms) else (lambda: ms)
 
-    def at_least_bytes(packet_length):
+    def at_least(packet_length):
         set_bytes(packet_length)
-        port_handler.packet_timeout = max(port_handler.packet_timeout, ms)
+        port_handler.packet_timeout = max(port_handler.packet_timeout, floor())
 
-    def at_least_ms(msec):
-        set_ms(max(msec, ms))
-
-    port_handler.setPacketTimeout = at_least_bytes
-    port_handler.setPacketTimeoutMillis = at_least_ms
+    port_handler.setPacketTimeout = at_least
 
 
 def describe_failures(delta: dict[str, int], rx_timeout_ms: float) -> str:
@@ -220,6 +220,9 @@ class TelemetryBus(abc.ABC):
         self.calibration = calibration
         self.baudrate = int(hw.get("baudrate", 1_000_000))
         self.rx_timeout_ms = float(hw.get("rx_timeout_ms", 12.0))
+        # Floor of every other reply wait (ping, torque, goal reads); 0: the SDK's own.
+        self.reply_timeout_ms = float(hw.get("reply_timeout_ms", 0.0))
+        self._reply_floor_ms = self.reply_timeout_ms
         self.dead_after = int(hw.get("dead_after_failures", 3))
         self.read_retries = int(hw.get("read_retries", 2))
         self.retry_budget_s = float(hw.get("retry_budget_ms", 8.0)) / 1000.0
@@ -397,6 +400,7 @@ class TelemetryBus(abc.ABC):
     # --- torque ---------------------------------------------------------------------------
     TORQUE_OFF_TRIES = 6
     TORQUE_OFF_BACKOFF_S = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)  # before each round
+    TORQUE_OFF_REPLY_MS = 250.0  # wait this long for each reply: a slow answer is no failure
 
     def torque_off(self) -> list[int]:
         """Switch torque off on every servo and make sure it took; returns the IDs that
@@ -406,15 +410,23 @@ class TelemetryBus(abc.ABC):
         reply leaves the SDK's ``is_using`` flag set (every later request would fail with
         COMM_PORT_BUSY) and the reply in the buffers. So: wait out replies in flight, clear
         the flag, flush both buffers; then, in rounds with growing pauses, one broadcast
-        Torque_Enable = 0 and, per servo not yet confirmed, a read-back (and if that is not
-        0, a write of its own and another read-back). A servo counts as off only once it
-        has read back 0. Never raises: it is what runs when everything else went wrong.
+        Torque_Enable = 0 and, per servo not yet confirmed, a read-back (and if it answers
+        with 1, a write of its own and another read-back), each reply awaited at least
+        ``TORQUE_OFF_REPLY_MS``. A servo counts as off only once it has read back 0. Never
+        raises: it is what runs when everything else went wrong.
         """
+        self._reply_floor_ms = max(self.reply_timeout_ms, self.TORQUE_OFF_REPLY_MS)
+        try:
+            return self._torque_off()
+        finally:
+            self._reply_floor_ms = self.reply_timeout_ms
+
+    def _torque_off(self) -> list[int]:
         with interrupts_deferred():
             pending = list(self.ids)
             if self._port.is_using or self._late_possible:
                 # An interrupted or timed-out request: let its reply land before flushing.
-                time.sleep(min(self.rx_timeout_ms, 100.0) / 1000.0)
+                time.sleep(min(max(self.rx_timeout_ms, 35.0), 100.0) / 1000.0)
             for pause in self.TORQUE_OFF_BACKOFF_S[: self.TORQUE_OFF_TRIES]:
                 time.sleep(pause)
                 try:
@@ -425,8 +437,9 @@ class TelemetryBus(abc.ABC):
                 still = []
                 for sid in pending:
                     try:  # the broadcast may have done it; if not, ask this servo alone
-                        ok = self._read_torque(sid) == 0
-                        if not ok:
+                        state = self._read_torque(sid)
+                        ok = state == 0
+                        if state is not None and not ok:  # it answers: tell it directly
                             self._write_torque(sid, False)
                             ok = self._read_torque(sid) == 0
                     except Exception as e:
@@ -527,7 +540,7 @@ class TelemetryBus(abc.ABC):
         except ConnectionError as e:
             raise BusError(f"could not open {self.port} at {self.baudrate} baud: {e}") from e
         self._opened = True
-        min_reply_timeout(self._port, self.rx_timeout_ms)
+        min_reply_timeout(self._port, lambda: self._reply_floor_ms)
         self._check_servos()
 
     def _check_servos(self) -> None:
@@ -544,16 +557,23 @@ class TelemetryBus(abc.ABC):
         if missing:
             raise ServoMissingError(
                 f"no answer on {self.port} from servo id(s) {', '.join(missing)} (ping at "
-                f"{self.baudrate} baud, 3 tries): {self.setup_hint}; IDs and baud rate must "
+                f"{self.baudrate} baud, {self.PING_SILENT_TRIES} tries): {self.setup_hint}; "
+                "IDs and baud rate must "
                 f"match {self.platform.source}: hardware.ids")
         if wrong:
             raise WrongModelError(f"wrong servo model on {self.port}: {'; '.join(wrong)}. "
                                   f"Is this the right arm/port for {self.platform.name!r}?")
 
-    def _ping(self, sid: int, tries: int = 3) -> int | None:
-        """Model number, or None if no answer. A servo whose status carries an error or
-        Alert bit is present (its hardware error is reported separately)."""
-        for _ in range(tries):
+    PING_SILENT_TRIES, PING_MAX_TRIES = 3, 10
+
+    def _ping(self, sid: int) -> int | None:
+        """Model number, or None if the servo stays silent for ``PING_SILENT_TRIES`` pings.
+        A garbled reply proves something answered: it earns another try (up to
+        ``PING_MAX_TRIES``), so a noisy bus is not mistaken for a missing servo. A servo
+        whose status carries an error or Alert bit is present (its hardware error is
+        reported separately)."""
+        silent = 0
+        for _ in range(self.PING_MAX_TRIES):
             self._drain()
             try:
                 model, comm, _ = self._ph.ping(self._port, sid)
@@ -564,6 +584,9 @@ class TelemetryBus(abc.ABC):
                 continue
             if comm == COMM_SUCCESS:
                 return model
+            silent += comm == self.RX_TIMEOUT
+            if silent >= self.PING_SILENT_TRIES:
+                break
             time.sleep(0.005)
         return None
 
