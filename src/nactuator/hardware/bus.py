@@ -558,8 +558,7 @@ class TelemetryBus(abc.ABC):
             raise ServoMissingError(
                 f"no answer on {self.port} from servo id(s) {', '.join(missing)} (ping at "
                 f"{self.baudrate} baud, {self.PING_SILENT_TRIES} tries): {self.setup_hint}; "
-                "IDs and baud rate must "
-                f"match {self.platform.source}: hardware.ids")
+                f"IDs and baud rate must match {self.platform.source}: hardware.ids")
         if wrong:
             raise WrongModelError(f"wrong servo model on {self.port}: {'; '.join(wrong)}. "
                                   f"Is this the right arm/port for {self.platform.name!r}?")
