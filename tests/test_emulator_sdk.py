@@ -447,6 +447,18 @@ def test_fault_ids_must_be_servos_of_the_platform() -> None:
         emu.set_dead(7)
 
 
+def test_cli_refuses_a_dead_id_the_platform_does_not_have() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "nactuator.cli", "emulate", "--bus",
+                           "dynamixel", "--platform", "omx", "--dead-id", "99"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    [line] = proc.stderr.strip().splitlines()
+    assert "cannot make servo id(s) 99 dead" in line and "11, 12, 13, 14, 15" in line
+
+
 def test_an_emulator_removes_its_link_only_while_it_points_at_its_own_pty(tmp_path) -> None:
     link = tmp_path / "follower"
     first = Emulator("feetech", "so101", arm="reference", link=link).start()

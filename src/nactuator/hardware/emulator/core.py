@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nactuator.errors import UserError
 from nactuator.hardware import units
 from nactuator.hardware.control_table import SPEC_BY_BUS, ControlTable
 from nactuator.hardware.emulator.arm import ArmModel, ReferenceArm, ScriptedLeader
@@ -69,6 +70,10 @@ def _sts_target(t: ControlTable) -> int:
 
 class EmulatorError(RuntimeError):
     """The emulator thread stopped on an error (the log has its traceback)."""
+
+
+class FaultIdError(UserError, ValueError):
+    """A fault names a servo ID the emulated platform does not have."""
 
 
 def make_arm(kind: str, platform: Platform, seed: int, supply_voltage: float) -> ArmModel:
@@ -154,7 +159,7 @@ class Emulator:
     def _check_ids(self, what: str, ids) -> None:
         unknown = sorted(set(ids) - set(self.ids))
         if unknown:
-            raise ValueError(
+            raise FaultIdError(
                 f"cannot make servo id(s) {', '.join(map(str, unknown))} {what}: the emulated "
                 f"{self.platform.name} arm has servo ids {', '.join(map(str, self.ids))} "
                 f"({self.platform.source}: hardware.ids)")
