@@ -10,6 +10,7 @@ import pytest
 
 from nactuator.control.live import hold_last_valid, run_live
 from nactuator.hardware.emulator import Emulator
+from nactuator.hardware.recorder import with_hardware
 from nactuator.models import NeuralActuator, bundle_to_dict, save_bundle
 from nactuator.platforms import load_platform
 
@@ -38,13 +39,19 @@ def test_a_motor_not_read_this_cycle_keeps_its_last_reading() -> None:
 def test_live_streams_forces_from_an_emulated_arm(tmp_path) -> None:
     ckpt = untrained_bundle(tmp_path / "omx_untrained.pt", "omx", 5)
     out = tmp_path / "live.csv"
+    # Patient replies: an emulator in this process can take a few hundred ms to answer on
+    # a loaded machine; the loop runs a fixed number of cycles whatever each one takes.
+    omx = with_hardware(load_platform("omx"), rx_timeout_ms=5000.0, reply_timeout_ms=5000.0)
     with Emulator("dynamixel", "omx", seed=3) as follower:
-        summary = run_live(ckpt, "omx", follower.port, out=out, seconds=1.0)
+        for t in follower.tables.values():  # the arm holds its pose, torque on
+            t.set("Torque_Enable", 1)
+        summary = run_live(ckpt, omx, follower.port, out=out, seconds=1.0)
+        # The loop commanded the arm; when it ends, torque is off.
+        assert [t.get("Torque_Enable") for t in follower.tables.values()] == [0] * 5
     assert summary.startswith("live: ") and "cycles" in summary
     assert out.exists() and not (tmp_path / "live.csv.partial").exists()
     rows = list(csv.DictReader(out.open()))
-    fps = load_platform("omx").fps
-    assert 0.8 * fps <= len(rows) <= fps + 1
+    assert len(rows) == round(1.0 * omx.fps)
     assert {"fx", "fy", "fz", "gate", "condition_joint3", "read_ms", "infer_ms",
             "write_ms", "total_ms"} <= set(rows[0])
     force = np.array([[float(r[k]) for k in ("fx", "fy", "fz")] for r in rows])
@@ -56,7 +63,7 @@ def test_live_streams_forces_from_an_emulated_arm(tmp_path) -> None:
     assert ((cond >= 0) & (cond <= 1)).all()
     assert all(float(r["read_ms"]) > 0 and float(r["infer_ms"]) > 0 for r in rows)
     assert [int(r["warm"]) for r in rows[:8]] == [0] * 8 and int(rows[8]["warm"]) == 1
-    assert np.mean([int(r["valid"]) for r in rows]) > 0.95
+    assert all(int(r["valid"]) for r in rows)
 
 
 def test_live_refuses_a_checkpoint_of_another_platform(tmp_path) -> None:

@@ -119,7 +119,7 @@ def _record(a: argparse.Namespace) -> int:
 
     print(record(platform=a.platform, leader=a.leader, follower=a.follower, task=a.task,
                  episodes=a.episodes, seconds=a.seconds, out=a.out, payload_g=a.payload_g,
-                 split=a.split))
+                 split=a.split, min_valid_fraction=a.min_valid_fraction))
     return 0
 
 
@@ -280,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.add_argument("--payload-g", type=float, default=None)
     s.add_argument("--split", default="train", choices=["train", "validation", "test"])
+    s.add_argument("--min-valid-fraction", type=float, default=0.9,
+                   help="stop with an error (after saving it) when an episode has complete "
+                        "follower telemetry in fewer of its frames (default 0.9)")
     s.set_defaults(func=_record)
 
     s = sub.add_parser("live", help="live virtual force sensor on a servo bus")

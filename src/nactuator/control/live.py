@@ -4,8 +4,9 @@ A causal loop at the platform rate. Each cycle reads one telemetry frame, runs t
 actuator on the last L (= 9) frames, re-sends the hold command, and streams one CSV row
 with the per-cycle timing (read / infer / write / total ms) — the figures bench/live.py
 summarises. The arm is not moved: every cycle commands the goal each servo held when the
-loop started, and torque is left as it was (a passive arm still gives forces from its
-telemetry; a holding arm gives the paper's setting).
+loop started, and torque is not switched on (a passive arm still gives forces from its
+telemetry; a holding arm gives the paper's setting). However the loop ends — ``seconds``
+elapsed, Ctrl-C, SIGTERM, an error — closing the bus switches torque off.
 
 Window rules (:class:`nactuator.rollout.StreamingWindow`, the window training and
 ``infer`` use): before L frames exist the missing frames are zeros flagged as padding
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from nactuator.hardware.bus import TelemetryBus, TelemetryFrame, open_bus
+from nactuator.hardware.signals import sigterm_as_interrupt
 from nactuator.hardware.timing import sleep_until
 from nactuator.models import load_actuator
 from nactuator.platforms import Platform, load_platform
@@ -156,7 +158,8 @@ def run_live(ckpt: str | Path, platform: str | Platform, port: str,
                          f"{p.name!r} has {p.n} channels")
     if threads is not None:
         torch.set_num_threads(threads)
-    with open_bus(p, port, calibration) as bus:
+    # SIGTERM ends the loop like Ctrl-C; leaving open_bus() switches torque off either way.
+    with sigterm_as_interrupt(), open_bus(p, port, calibration) as bus:
         hold = bus.read_goal()
         bus.wait_ready()
         loop = LiveLoop(actuator, bus, p, hold, device)

@@ -21,12 +21,14 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from nactuator.errors import UserError
+from nactuator.hardware.signals import interrupts_deferred
 from nactuator.platforms import Platform, load_platform
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,8 @@ __all__ = [
     "TelemetryBus",
     "TelemetryFrame",
     "WrongModelError",
+    "describe_failures",
+    "min_reply_timeout",
     "open_bus",
 ]
 
@@ -151,11 +155,60 @@ def load_calibration(path: str | Path | None) -> dict | None:
     return raw
 
 
+def min_reply_timeout(port_handler, ms: float | Callable[[], float]) -> None:
+    """Make the waits a vendor SDK ``PortHandler`` sizes itself last at least ``ms`` (a
+    number, or a function giving the current floor).
+
+    The SDKs size their waits (ping, read, write) from a fixed USB latency guess
+    (dynamixel_sdk: 2 x 16 ms + 2; LeRobot's Feetech patch: 50 ms + bytes). A slower
+    adapter, or a loaded machine running an emulator, needs longer. Waits given in ms
+    (``setPacketTimeoutMillis``, e.g. the telemetry read's ``rx_timeout_ms``) are kept.
+    """
+    set_bytes = port_handler.setPacketTimeout
+    floor = ms if callable(ms) else (lambda: ms)
+
+    def at_least(packet_length):
+        set_bytes(packet_length)
+        port_handler.packet_timeout = max(port_handler.packet_timeout, floor())
+
+    port_handler.setPacketTimeout = at_least
+
+
+def describe_failures(delta: dict[str, int], rx_timeout_ms: float) -> str:
+    """What went wrong on the wire, from a difference of :attr:`TelemetryBus.counters`:
+    replies that came too late, requests nobody answered, replies with a bad checksum and
+    replies cut short — with counts and what to check for each."""
+    late, timeouts = delta.get("late_replies", 0), delta.get("timeouts", 0)
+    corrupt, partial = delta.get("checksum_errors", 0), delta.get("partial_replies", 0)
+    silent = max(0, timeouts - late)
+    parts = []
+    if late:
+        parts.append(f"{late} repl{'y' if late == 1 else 'ies'} arrived after the "
+                     f"{rx_timeout_ms:g} ms reply timeout (the servos answer, too slowly: set "
+                     "the USB adapter's latency timer to 1 ms or raise hardware.rx_timeout_ms)")
+    if silent:
+        parts.append(f"{silent} request{'' if silent == 1 else 's'} got no answer at all "
+                     "(check the cable, the daisy chain and the power)")
+    if corrupt:
+        parts.append(f"{corrupt} repl{'y' if corrupt == 1 else 'ies'} with a bad checksum "
+                     "(electrical noise, a loose connector or a baud-rate mismatch)")
+    if partial:
+        parts.append(f"{partial} incomplete repl{'y' if partial == 1 else 'ies'} (the "
+                     "daisy chain breaks at a servo that does not answer)")
+    return "; ".join(parts) if parts else "no failed reply was counted"
+
+
 class TelemetryBus(abc.ABC):
-    """One servo arm on one serial port. Subclasses fill in the protocol specifics."""
+    """One servo arm on one serial port. Subclasses fill in the protocol specifics.
+
+    Closing the bus switches torque off on every servo (:meth:`torque_off`), whatever
+    ended its use — a normal end, Ctrl-C, SIGTERM, an exception — unless the servo check
+    at connect found missing or foreign servos (then nothing is written to them), or
+    ``torque_off_on_close=False``.
+    """
 
     def __init__(self, platform: Platform, port: str, calibration: dict | None = None,
-                 torque: bool | None = None) -> None:
+                 torque: bool | None = None, torque_off_on_close: bool = True) -> None:
         self.platform = platform
         self.port = port
         hw = platform.hardware
@@ -167,17 +220,27 @@ class TelemetryBus(abc.ABC):
         self.calibration = calibration
         self.baudrate = int(hw.get("baudrate", 1_000_000))
         self.rx_timeout_ms = float(hw.get("rx_timeout_ms", 12.0))
+        # Floor of every other reply wait (ping, torque, goal reads); 0: the SDK's own.
+        self.reply_timeout_ms = float(hw.get("reply_timeout_ms", 0.0))
+        self._reply_floor_ms = self.reply_timeout_ms
         self.dead_after = int(hw.get("dead_after_failures", 3))
         self.read_retries = int(hw.get("read_retries", 2))
         self.retry_budget_s = float(hw.get("retry_budget_ms", 8.0)) / 1000.0
         self.reprobe_s = float(hw.get("reprobe_interval_s", 1.0))
         self._torque_request = torque
+        self.torque_off_on_close = torque_off_on_close
         self._lock_fd = -1
+        self._opened = False  # the SDK port is open: the servos may have heard us
+        self._foreign = False  # the servo check found missing/wrong servos: write nothing
         self._failures = dict.fromkeys(self.ids, 0)
         self._absent: dict[int, float] = {}  # servo id -> when to probe it again
         self._reported: set[tuple[int, str]] = set()
+        # timeouts: no complete reply in time; late_replies: bytes of a timed-out request
+        # that came afterwards; partial_replies: a reply cut short (a broken chain).
         self.counters = {"reads": 0, "incomplete": 0, "retries": 0, "checksum_errors": 0,
-                         "timeouts": 0}
+                         "timeouts": 0, "late_replies": 0, "partial_replies": 0}
+        self._since_ok = {sid: dict(self.counters) for sid in self.ids}
+        self._late_possible = False  # a request timed out: its reply may still come
         self.torque = np.zeros(len(self.ids))  # refreshed at connect and on hardware errors
 
     # --- lifecycle --------------------------------------------------------------------
@@ -197,12 +260,18 @@ class TelemetryBus(abc.ABC):
         return self
 
     def close(self) -> None:
-        try:
-            self._close()
-        finally:
-            if self._lock_fd >= 0:
-                os.close(self._lock_fd)
-                self._lock_fd = -1
+        """Switch torque off (see the class docstring), close the port, release the lock.
+        A Ctrl-C or SIGTERM arriving meanwhile is held until this is done."""
+        with interrupts_deferred():
+            try:
+                if self.torque_off_on_close and self._opened and not self._foreign:
+                    self.torque_off()
+                self._close()
+            finally:
+                self._opened = False
+                if self._lock_fd >= 0:
+                    os.close(self._lock_fd)
+                    self._lock_fd = -1
 
     def __enter__(self) -> TelemetryBus:
         return self.connect()
@@ -283,17 +352,123 @@ class TelemetryBus(abc.ABC):
             self._reported.discard((sid, "absent"))
         self._absent.pop(sid, None)
         self._failures[sid] = 0
+        self._since_ok[sid] = dict(self.counters)
 
     def _note_failure(self, sid: int) -> None:
         self._failures[sid] += 1
         if self._failures[sid] >= self.dead_after:
             self._absent[sid] = time.monotonic() + self.reprobe_s
+            delta = {k: v - self._since_ok[sid][k] for k, v in self.counters.items()}
             self._report_once(sid, "absent", (
                 f"servo {sid} ({self._name(sid)}) on {self.port} stopped answering "
                 f"({self._failures[sid]} reads of its telemetry block {self.telemetry_span} "
-                "failed in a row): check its cable, the daisy chain before it and its power. "
-                f"Its channel is recorded with telemetry_valid=0; probing again every "
-                f"{self.reprobe_s:g} s"))
+                f"failed in a row; on the bus since its last good read: "
+                f"{describe_failures(delta, self.rx_timeout_ms)}). Its channel is recorded "
+                f"with telemetry_valid=0; probing again every {self.reprobe_s:g} s"))
+
+    # --- the wire: what came back, and when ---------------------------------------------
+    def _drain(self) -> None:
+        """Drop whatever waits in the input buffer before a new request: bytes there are
+        the reply to an earlier request that came after it timed out. Counted as late,
+        never taken for a new answer."""
+        ser = self._port.ser
+        if ser.in_waiting:
+            self.counters["late_replies"] += 1
+        self._late_possible = False
+        ser.reset_input_buffer()
+
+    def _count(self, result: int, rx) -> None:
+        """Count a failed receive: a timeout, a reply cut short, or a bad checksum."""
+        if result == self.RX_TIMEOUT:
+            self.counters["timeouts"] += 1
+            self._late_possible = True
+        elif result == self.RX_CORRUPT:
+            if self._complete(rx):
+                self.counters["checksum_errors"] += 1
+            else:
+                self.counters["partial_replies"] += 1
+                self._late_possible = True
+
+    RX_TIMEOUT: int  # the vendor SDK's result codes (subclasses)
+    RX_CORRUPT: int
+
+    @staticmethod
+    def _complete(rx) -> bool:
+        """Whether ``rx`` holds as many bytes as its LEN field announces (subclasses)."""
+        return True
+
+    # --- torque ---------------------------------------------------------------------------
+    TORQUE_OFF_TRIES = 6
+    TORQUE_OFF_BACKOFF_S = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)  # before each round
+    TORQUE_OFF_REPLY_MS = 250.0  # wait this long for each reply: a slow answer is no failure
+
+    def torque_off(self) -> list[int]:
+        """Switch torque off on every servo and make sure it took; returns the IDs that
+        never confirmed (after logging one line that names them).
+
+        Works from any state the port was left in: a Ctrl-C between an SDK request and its
+        reply leaves the SDK's ``is_using`` flag set (every later request would fail with
+        COMM_PORT_BUSY) and the reply in the buffers. So: wait out replies in flight, clear
+        the flag, flush both buffers; then, in rounds with growing pauses, one broadcast
+        Torque_Enable = 0 and, per servo not yet confirmed, a read-back (and if it answers
+        with 1, a write of its own and another read-back), each reply awaited at least
+        ``TORQUE_OFF_REPLY_MS``. A servo counts as off only once it has read back 0. Never
+        raises: it is what runs when everything else went wrong.
+        """
+        self._reply_floor_ms = max(self.reply_timeout_ms, self.TORQUE_OFF_REPLY_MS)
+        try:
+            return self._torque_off()
+        finally:
+            self._reply_floor_ms = self.reply_timeout_ms
+
+    def _torque_off(self) -> list[int]:
+        with interrupts_deferred():
+            pending = list(self.ids)
+            if self._port.is_using or self._late_possible:
+                # An interrupted or timed-out request: let its reply land before flushing.
+                time.sleep(min(max(self.rx_timeout_ms, 35.0), 100.0) / 1000.0)
+            for pause in self.TORQUE_OFF_BACKOFF_S[: self.TORQUE_OFF_TRIES]:
+                time.sleep(pause)
+                try:
+                    self._reset_port()
+                    self._broadcast_torque_off()
+                except Exception as e:  # a broken port: the per-servo tries will say so
+                    log.debug("torque off on %s: broadcast failed: %r", self.port, e)
+                still = []
+                for sid in pending:
+                    try:  # the broadcast may have done it; if not, ask this servo alone
+                        state = self._read_torque(sid)
+                        ok = state == 0
+                        if state is not None and not ok:  # it answers: tell it directly
+                            self._write_torque(sid, False)
+                            ok = self._read_torque(sid) == 0
+                    except Exception as e:
+                        log.debug("torque off on %s: servo %d: %r", self.port, sid, e)
+                        self._reset_port(quiet=True)
+                        ok = False
+                    if ok:
+                        self.torque[self.ids.index(sid)] = 0.0
+                    else:
+                        still.append(sid)
+                pending = still
+                if not pending:
+                    return []
+            names = ", ".join(f"{sid} ({self._name(sid)})" for sid in pending)
+            log.error("torque may still be ON on %s: servo(s) %s did not confirm "
+                      "Torque_Enable = 0 after %d tries; switch the arm's power off before "
+                      "touching it, then check its cable and power", self.port, names,
+                      self.TORQUE_OFF_TRIES)
+            return pending
+
+    def _reset_port(self, quiet: bool = False) -> None:
+        """Undo what an interrupted SDK call leaves behind: the in-use flag, stale bytes."""
+        self._port.is_using = False
+        try:
+            self._port.ser.reset_input_buffer()
+            self._port.ser.reset_output_buffer()
+        except Exception:
+            if not quiet:
+                raise
 
     def set_torque(self, enabled: bool) -> None:
         """Torque on/off on every servo, one acknowledged write each (3 tries).
@@ -364,6 +539,8 @@ class TelemetryBus(abc.ABC):
             self.lerobot.connect(handshake=False)
         except ConnectionError as e:
             raise BusError(f"could not open {self.port} at {self.baudrate} baud: {e}") from e
+        self._opened = True
+        min_reply_timeout(self._port, lambda: self._reply_floor_ms)
         self._check_servos()
 
     def _check_servos(self) -> None:
@@ -376,20 +553,27 @@ class TelemetryBus(abc.ABC):
             elif found != self.model_number:
                 wrong.append(f"{sid} ({name}): model number {found}, expected "
                              f"{self.model_number} ({self.model})")
+        self._foreign = bool(missing or wrong)
         if missing:
             raise ServoMissingError(
                 f"no answer on {self.port} from servo id(s) {', '.join(missing)} (ping at "
-                f"{self.baudrate} baud, 3 tries): {self.setup_hint}; IDs and baud rate must "
-                f"match {self.platform.source}: hardware.ids")
+                f"{self.baudrate} baud, {self.PING_SILENT_TRIES} tries): {self.setup_hint}; "
+                f"IDs and baud rate must match {self.platform.source}: hardware.ids")
         if wrong:
             raise WrongModelError(f"wrong servo model on {self.port}: {'; '.join(wrong)}. "
                                   f"Is this the right arm/port for {self.platform.name!r}?")
 
-    def _ping(self, sid: int, tries: int = 3) -> int | None:
-        """Model number, or None if no answer. A servo whose status carries an error or
-        Alert bit is present (its hardware error is reported separately)."""
-        for _ in range(tries):
-            self._port.ser.reset_input_buffer()
+    PING_SILENT_TRIES, PING_MAX_TRIES = 3, 10
+
+    def _ping(self, sid: int) -> int | None:
+        """Model number, or None if the servo stays silent for ``PING_SILENT_TRIES`` pings.
+        A garbled reply proves something answered: it earns another try (up to
+        ``PING_MAX_TRIES``), so a noisy bus is not mistaken for a missing servo. A servo
+        whose status carries an error or Alert bit is present (its hardware error is
+        reported separately)."""
+        silent = 0
+        for _ in range(self.PING_MAX_TRIES):
+            self._drain()
             try:
                 model, comm, _ = self._ph.ping(self._port, sid)
             except IndexError:
@@ -399,6 +583,9 @@ class TelemetryBus(abc.ABC):
                 continue
             if comm == COMM_SUCCESS:
                 return model
+            silent += comm == self.RX_TIMEOUT
+            if silent >= self.PING_SILENT_TRIES:
+                break
             time.sleep(0.005)
         return None
 
@@ -416,6 +603,14 @@ class TelemetryBus(abc.ABC):
 
     @abc.abstractmethod
     def _decode(self, k: int, block: bytes, frame: TelemetryFrame) -> None: ...
+
+    def _broadcast_torque_off(self) -> None:
+        """One unacknowledged Torque_Enable = 0 to every servo on the bus (broadcast ID)."""
+        self._ph.write1ByteTxOnly(self._port, self.BROADCAST_ID, self.TORQUE_ADDR, 0)
+
+    BROADCAST_ID = 0xFE
+    TORQUE_ADDR: int  # the Torque_Enable register (subclasses)
+    GOAL_RETRIES = 5
 
     def write_goal(self, q: np.ndarray) -> None:
         """Command joint targets (SI, channel order, clipped to the joint limits) with one
@@ -439,18 +634,36 @@ class TelemetryBus(abc.ABC):
         """Turn a failed torque write into a message a user can act on."""
 
     def read_goal(self) -> np.ndarray:
-        """The goal position each servo currently holds (SI)."""
-        raw = self.lerobot.sync_read("Goal_Position", normalize=False, num_retry=2)
-        return np.array([self.units[k].position(raw[n]) for k, n in enumerate(self.names)])
+        """The goal position each servo currently holds (SI), read servo by servo with up
+        to ``GOAL_RETRIES`` tries each (a read has no side effect; one corrupt reply in a
+        group read would fail them all)."""
+        q = np.empty(len(self.ids))
+        for k, (name, sid) in enumerate(zip(self.names, self.ids, strict=True)):
+            for _ in range(self.GOAL_RETRIES):
+                self._drain()
+                raw = self._read_goal_raw(sid)
+                if raw is not None:
+                    break
+            else:
+                raise BusError(f"could not read Goal_Position of servo {sid} ({name}) on "
+                               f"{self.port} in {self.GOAL_RETRIES} tries: check its cable "
+                               "and power")
+            q[k] = self.units[k].position(raw)
+        return q
+
+    @abc.abstractmethod
+    def _read_goal_raw(self, sid: int) -> int | None:
+        """The servo's Goal_Position register (signed raw counts), or None if no answer."""
 
 
 def open_bus(platform: str | Platform, port: str, calibration: str | Path | None = None,
-             torque: bool | None = None) -> TelemetryBus:
+             torque: bool | None = None, torque_off_on_close: bool = True) -> TelemetryBus:
     """The telemetry bus for a platform (``hardware.bus`` in its YAML), not yet connected.
 
     ``calibration``: a LeRobot calibration JSON (Feetech: sets each joint's zero at the
     middle of its calibrated range, as NAD and LeRobot do). ``torque``: switch torque
-    on/off at connect (None leaves it as it is).
+    on/off at connect (None leaves it as it is). ``torque_off_on_close``: closing the bus
+    switches every servo's torque off (the default, as LeRobot's ``disconnect`` does).
     """
     p = platform if isinstance(platform, Platform) else load_platform(platform)
     kind = p.hardware.get("bus")
@@ -458,9 +671,9 @@ def open_bus(platform: str | Platform, port: str, calibration: str | Path | None
     if kind == "dynamixel":
         from nactuator.hardware.dynamixel import DynamixelTelemetryBus
 
-        return DynamixelTelemetryBus(p, port, cal, torque)
+        return DynamixelTelemetryBus(p, port, cal, torque, torque_off_on_close)
     if kind == "feetech":
         from nactuator.hardware.feetech import FeetechTelemetryBus
 
-        return FeetechTelemetryBus(p, port, cal, torque)
+        return FeetechTelemetryBus(p, port, cal, torque, torque_off_on_close)
     raise BusError(f"{p.source}: hardware.bus must be 'dynamixel' or 'feetech', got {kind!r}")

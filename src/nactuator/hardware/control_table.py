@@ -219,3 +219,20 @@ class ControlTable:
 
     def write(self, address: int, data: bytes) -> None:
         self.memory[address : address + len(data)] = data
+
+    def splits_register(self, address: int, length: int) -> bool:
+        """True if ``[address, address + length)`` covers only part of some register."""
+        end = address + length
+        return any(reg.address < end and address < reg.address + reg.size
+                   and not (address <= reg.address and reg.address + reg.size <= end)
+                   for reg in self.spec.registers.values())
+
+    def values_in(self, address: int, data: bytes) -> dict[str, int]:
+        """The value each register wholly inside a write of ``data`` at ``address`` would
+        take, decoded as :meth:`get` decodes it (what limit checks compare)."""
+        scratch = ControlTable.__new__(ControlTable)
+        scratch.spec, scratch.memory = self.spec, bytearray(self.memory)
+        scratch.memory[address : address + len(data)] = data
+        end = address + len(data)
+        return {name: scratch.get(name) for name, reg in self.spec.registers.items()
+                if address <= reg.address and reg.address + reg.size <= end}

@@ -23,7 +23,7 @@ from nactuator.hardware.bus import (
 
 TELEMETRY_ADDR, TELEMETRY_LEN = 124, 23
 HW_ERROR_ADDR = 70
-TORQUE_ADDR = 64
+TORQUE_ADDR, GOAL_ADDR = 64, 116
 FAST_SYNC_MIN_FIRMWARE = 45
 HW_ERROR_BITS = {0: "input voltage", 2: "overheating", 3: "motor encoder",
                  4: "electrical shock", 5: "overload"}
@@ -51,9 +51,12 @@ def _s(raw: int, bits: int) -> int:
 
 class DynamixelTelemetryBus(TelemetryBus):
     telemetry_span = "124..146 (23 bytes)"
+    TORQUE_ADDR = TORQUE_ADDR
+    RX_TIMEOUT, RX_CORRUPT = dxl.COMM_RX_TIMEOUT, dxl.COMM_RX_CORRUPT
 
-    def __init__(self, platform, port, calibration=None, torque=None) -> None:
-        super().__init__(platform, port, calibration, torque)
+    def __init__(self, platform, port, calibration=None, torque=None,
+                 torque_off_on_close=True) -> None:
+        super().__init__(platform, port, calibration, torque, torque_off_on_close)
         hw = platform.hardware
         self.model = str(hw.get("servo", "xm430_w350")).replace("_", "-")
         self.model_number = int(hw.get("model_number", 1020))
@@ -89,9 +92,13 @@ class DynamixelTelemetryBus(TelemetryBus):
     def _rx(self, fast: bool) -> tuple[list[int], int]:
         return self._ph.rxPacket(self._port, fast)
 
+    @staticmethod
+    def _complete(rx) -> bool:
+        return len(rx) >= 7 and len(rx) >= 7 + (rx[5] | rx[6] << 8)
+
     def _read_blocks(self, ids: list[int]) -> tuple[dict[int, bytes], dict[int, str]]:
         port = self._port
-        port.ser.reset_input_buffer()  # drop late replies of a timed-out earlier cycle
+        self._drain()  # drop (and count) late replies of a timed-out earlier request
         fast = self.use_fast
         result = self._ph.syncReadTx(port, TELEMETRY_ADDR, TELEMETRY_LEN, ids, len(ids), fast)
         if result != dxl.COMM_SUCCESS:
@@ -102,8 +109,11 @@ class DynamixelTelemetryBus(TelemetryBus):
         errors: dict[int, str] = {}
         if fast:
             rx, result = self._rx(True)
-            self._count(result)
+            self._count(result, rx)
             if result == dxl.COMM_SUCCESS:
+                if rx[4] != dxl.BROADCAST_ID:
+                    self.counters["late_replies"] += 1  # a servo's own reply to an old read
+                    return {}, {}
                 k, step = 8, TELEMETRY_LEN + 4  # after header(4) ID LEN(2) 0x55; ERR ID DATA CRC
                 for _ in ids:
                     if k + step > len(rx) or rx[k + 1] not in ids:
@@ -112,40 +122,40 @@ class DynamixelTelemetryBus(TelemetryBus):
                     errors[rx[k + 1]] = self._error_text(rx[k + 1], rx[k])
                     k += step
             return blocks, errors
-        while len(blocks) < len(ids):
+        answers = 0  # replies received, good or with a bad CRC: one per servo
+        while answers < len(ids):
             rx, result = self._rx(False)
-            self._count(result)
+            self._count(result, rx)
+            answers += (result == dxl.COMM_SUCCESS and rx[4] in ids) or \
+                (result == dxl.COMM_RX_CORRUPT and self._complete(rx))
             if result == dxl.COMM_RX_TIMEOUT or (result != dxl.COMM_SUCCESS
                                                   and port.isPacketTimeout()):
                 break
             if result == dxl.COMM_SUCCESS and rx[4] in ids:
                 blocks[rx[4]] = bytes(rx[9 : 9 + TELEMETRY_LEN])
                 errors[rx[4]] = self._error_text(rx[4], rx[8])
+            elif result == dxl.COMM_SUCCESS:
+                self.counters["late_replies"] += 1
         return blocks, errors
 
     def _read_each(self, ids: list[int]) -> tuple[dict[int, bytes], dict[int, str]]:
         blocks, errors = {}, {}
         for sid in ids:
-            self._port.ser.reset_input_buffer()
+            self._drain()
             if self._ph.readTx(self._port, sid, TELEMETRY_ADDR, TELEMETRY_LEN) != dxl.COMM_SUCCESS:
                 self._port.is_using = False
                 continue
             self._port.setPacketTimeoutMillis(self.rx_timeout_ms)
             while True:
                 rx, result = self._rx(False)
-                self._count(result)
+                self._count(result, rx)
                 if result != dxl.COMM_SUCCESS or rx[4] == sid:
                     break
+                self.counters["late_replies"] += 1  # another request's reply, late
             if result == dxl.COMM_SUCCESS and len(rx) >= 9 + TELEMETRY_LEN:
                 blocks[sid] = bytes(rx[9 : 9 + TELEMETRY_LEN])
                 errors[sid] = self._error_text(sid, rx[8])
         return blocks, errors
-
-    def _count(self, result: int) -> None:
-        if result == dxl.COMM_RX_CORRUPT:
-            self.counters["checksum_errors"] += 1
-        elif result == dxl.COMM_RX_TIMEOUT:
-            self.counters["timeouts"] += 1
 
     def _error_text(self, sid: int, err: int) -> str:
         """'' if fine. The Alert bit (7) means a latched hardware error: read register 70
@@ -161,7 +171,7 @@ class DynamixelTelemetryBus(TelemetryBus):
         return self._alerts[sid]
 
     def read_hardware_error(self, sid: int) -> int | None:
-        self._port.ser.reset_input_buffer()
+        self._drain()
         value, comm, _ = self._ph.read1ByteTxRx(self._port, sid, HW_ERROR_ADDR)
         return value if comm == dxl.COMM_SUCCESS else None
 
@@ -181,7 +191,7 @@ class DynamixelTelemetryBus(TelemetryBus):
 
     # --- commands -----------------------------------------------------------------------
     def _write_torque(self, sid: int, enabled: bool) -> str | None:
-        self._port.ser.reset_input_buffer()
+        self._drain()
         comm, err = self._ph.write1ByteTxRx(self._port, sid, TORQUE_ADDR, int(enabled))
         if comm != dxl.COMM_SUCCESS:
             return "no status packet"
@@ -191,8 +201,12 @@ class DynamixelTelemetryBus(TelemetryBus):
             return "hardware error alert"
         return None
 
+    def _read_goal_raw(self, sid: int) -> int | None:
+        value, comm, _ = self._ph.read4ByteTxRx(self._port, sid, GOAL_ADDR)
+        return _s(value, 32) if comm == dxl.COMM_SUCCESS else None
+
     def _read_torque(self, sid: int) -> int | None:
-        self._port.ser.reset_input_buffer()
+        self._drain()
         value, comm, _ = self._ph.read1ByteTxRx(self._port, sid, TORQUE_ADDR)
         return value if comm == dxl.COMM_SUCCESS else None
 

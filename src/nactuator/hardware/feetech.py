@@ -26,7 +26,7 @@ from nactuator.hardware.bus import (
 from nactuator.hardware.protocol.scs import decode_sign_magnitude, error_text
 
 TELEMETRY_ADDR, TELEMETRY_LEN = 56, 15
-TORQUE_ADDR, LOCK_ADDR = 40, 55
+TORQUE_ADDR, LOCK_ADDR, GOAL_ADDR = 40, 55, 42
 STATUS_ADVICE = {
     1: "check the supply voltage and the voltage limits (registers 14/15)",
     2: "angle sensor fault: check the servo",
@@ -44,9 +44,12 @@ def status_text(err: int) -> str:
 
 class FeetechTelemetryBus(TelemetryBus):
     telemetry_span = "56..70 (15 bytes)"
+    TORQUE_ADDR = TORQUE_ADDR
+    RX_TIMEOUT, RX_CORRUPT = scs_sdk.COMM_RX_TIMEOUT, scs_sdk.COMM_RX_CORRUPT
 
-    def __init__(self, platform, port, calibration=None, torque=None) -> None:
-        super().__init__(platform, port, calibration, torque)
+    def __init__(self, platform, port, calibration=None, torque=None,
+                 torque_off_on_close=True) -> None:
+        super().__init__(platform, port, calibration, torque, torque_off_on_close)
         hw = platform.hardware
         self.model = str(hw.get("servo", "sts3215"))
         self.model_number = int(hw.get("model_number", 777))
@@ -69,10 +72,14 @@ class FeetechTelemetryBus(TelemetryBus):
     setup_hint = ("check the power supply, the daisy-chain cable, and the ID/baud rate "
                   "(lerobot-setup-motors assigns them)")
 
+    @staticmethod
+    def _complete(rx) -> bool:
+        return len(rx) >= 4 and len(rx) >= 4 + rx[3]
+
     def _read_blocks(self, ids: list[int]) -> tuple[dict[int, bytes], dict[int, str]]:
         port = self._port
         # The SDK's clearPort() only drains output; stale input would pass as fresh data.
-        port.ser.reset_input_buffer()
+        self._drain()
         result = self._ph.syncReadTx(port, TELEMETRY_ADDR, TELEMETRY_LEN, ids, len(ids))
         if result != scs_sdk.COMM_SUCCESS:
             port.is_using = False
@@ -83,7 +90,7 @@ class FeetechTelemetryBus(TelemetryBus):
     def _read_each(self, ids: list[int]) -> tuple[dict[int, bytes], dict[int, str]]:
         blocks, errors = {}, {}
         for sid in ids:
-            self._port.ser.reset_input_buffer()
+            self._drain()
             if self._ph.readTx(self._port, sid, TELEMETRY_ADDR, TELEMETRY_LEN) \
                     != scs_sdk.COMM_SUCCESS:
                 self._port.is_using = False
@@ -97,18 +104,20 @@ class FeetechTelemetryBus(TelemetryBus):
     def _collect(self, ids: list[int]) -> tuple[dict[int, bytes], dict[int, str]]:
         blocks: dict[int, bytes] = {}
         errors: dict[int, str] = {}
-        while len(blocks) < len(ids):
+        answers = 0  # replies received, good or with a bad checksum: one per servo
+        while answers < len(ids):
             rx, result = self._ph.rxPacket(self._port)
-            if result == scs_sdk.COMM_RX_CORRUPT:
-                self.counters["checksum_errors"] += 1
-            elif result == scs_sdk.COMM_RX_TIMEOUT:
-                self.counters["timeouts"] += 1
+            self._count(result, rx)
+            answers += (result == scs_sdk.COMM_SUCCESS and rx[2] in ids) or \
+                (result == scs_sdk.COMM_RX_CORRUPT and self._complete(rx))
             if result == scs_sdk.COMM_RX_TIMEOUT or (result != scs_sdk.COMM_SUCCESS
                                                      and self._port.isPacketTimeout()):
                 break
             if result == scs_sdk.COMM_SUCCESS and rx[2] in ids and len(rx) >= 6 + TELEMETRY_LEN:
                 blocks[rx[2]] = bytes(rx[5 : 5 + TELEMETRY_LEN])
                 errors[rx[2]] = status_text(rx[4]) if rx[4] else ""
+            elif result == scs_sdk.COMM_SUCCESS:
+                self.counters["late_replies"] += 1  # another request's reply, late
         return blocks, errors
 
     def _decode(self, k: int, b: bytes, f: TelemetryFrame) -> None:
@@ -125,7 +134,7 @@ class FeetechTelemetryBus(TelemetryBus):
     def _write_torque(self, sid: int, enabled: bool) -> str | None:
         # As LeRobot does: Torque_Enable, then Lock (EEPROM writes persist only unlocked).
         for addr in (TORQUE_ADDR, LOCK_ADDR):
-            self._port.ser.reset_input_buffer()
+            self._drain()
             comm, err = self._ph.write1ByteTxRx(self._port, sid, addr, int(enabled))
             if comm != scs_sdk.COMM_SUCCESS:
                 return "no status packet"
@@ -133,15 +142,19 @@ class FeetechTelemetryBus(TelemetryBus):
                 return f"status error 0x{err:02X}"
         return None
 
+    def _read_goal_raw(self, sid: int) -> int | None:
+        value, comm, _ = self._ph.read2ByteTxRx(self._port, sid, GOAL_ADDR)
+        return decode_sign_magnitude(value, 15) if comm == scs_sdk.COMM_SUCCESS else None
+
     def _read_torque(self, sid: int) -> int | None:
-        self._port.ser.reset_input_buffer()
+        self._drain()
         value, comm, _ = self._ph.read1ByteTxRx(self._port, sid, TORQUE_ADDR)
         return value if comm == scs_sdk.COMM_SUCCESS else None
 
     def _explain(self, sid: int, problem: str) -> str:
         if problem == "no status packet":
             return "does not answer (check its cable and power)"
-        self._port.ser.reset_input_buffer()
+        self._drain()
         _, comm, err = self._ph.read1ByteTxRx(self._port, sid, TORQUE_ADDR)
         if comm == scs_sdk.COMM_SUCCESS and err:
             return status_text(err)

@@ -8,9 +8,15 @@ uses (window ending at t predicts t + 1).
 
 Safety of what is on disk: every episode is handed to the data writer and flushed (new
 files, then the meta files atomically) before the next starts, so a crash or Ctrl-C never
-touches episodes already saved. Ctrl-C ends the current episode, saves it, and stops.
-A motor whose telemetry could not be read in a cycle is stored with telemetry_valid = 0 and
-NaN values for that cycle, never a copied or interpolated value.
+touches episodes already saved. Ctrl-C (or SIGTERM) ends the current episode, saves it, and
+stops; a second Ctrl-C while it is being saved waits until it is. A motor whose telemetry
+could not be read in a cycle is stored with telemetry_valid = 0 and NaN values for that
+cycle, never a copied or interpolated value. An episode whose follower telemetry is
+complete in fewer than ``min_valid_fraction`` of its frames is still saved, then recording
+stops with :class:`RecordingQualityError` naming what failed on the wire.
+
+Safety of the arm: however recording ends — normally, Ctrl-C, SIGTERM, an exception, a
+bus error — closing the follower's bus switches its torque off (``TelemetryBus.close``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -25,14 +32,26 @@ import numpy as np
 from tqdm import tqdm
 
 from nactuator.data.writer import DatasetWriter
-from nactuator.hardware.bus import BusError, TelemetryBus, TelemetryFrame, open_bus
+from nactuator.hardware.bus import (
+    BusError,
+    TelemetryBus,
+    TelemetryFrame,
+    describe_failures,
+    open_bus,
+)
+from nactuator.hardware.signals import interrupts_deferred, sigterm_as_interrupt
 from nactuator.hardware.timing import sleep_until
 from nactuator.platforms import Platform, load_platform
 
 log = logging.getLogger(__name__)
 G = 9.81  # NAD payload labels use g = 9.81
+MIN_VALID_FRACTION = 0.9  # default share of frames with complete follower telemetry
 
-__all__ = ["EpisodeBuffer", "record"]
+__all__ = ["EpisodeBuffer", "RecordingQualityError", "record"]
+
+
+class RecordingQualityError(BusError):
+    """An episode was recorded (and saved) with too little valid follower telemetry."""
 
 
 class EpisodeBuffer:
@@ -95,30 +114,41 @@ def _ramp_to(follower: TelemetryBus, target: np.ndarray, seconds: float, fps: fl
         follower.write_goal(start + s * (target - start))
         time.sleep(1.0 / fps)
     t_end = time.monotonic() + settle_s
+    off = math.inf
     while time.monotonic() < t_end:
-        q = follower.read().q
-        if np.nanmax(np.abs(q - target), initial=0.0) < tolerance:
+        off = float(np.nanmax(np.abs(follower.read().q - target), initial=0.0))
+        if off < tolerance:
             return
         follower.write_goal(target)
         time.sleep(1.0 / fps)
     log.warning("follower did not reach the leader's pose within %.1f s (worst joint off by "
-                "%.3f); recording anyway", settle_s, float(np.nanmax(np.abs(q - target))))
+                "%.3f); recording anyway", settle_s, off)
+
+
+def _hottest(frame: TelemetryFrame) -> str:
+    """The hottest servo's temperature for the progress bar; '?' when none was read."""
+    t = frame.temperature[np.isfinite(frame.temperature)]
+    return f"{t.max():.0f}C" if t.size else "?"
 
 
 def _record_episode(leader: TelemetryBus, follower: TelemetryBus, buf: EpisodeBuffer,
-                    seconds: float, fps: float, bar: tqdm | None) -> dict:
+                    seconds: float, fps: float, bar: tqdm | None, stats: dict,
+                    stop: threading.Event | None) -> None:
+    """Record one episode into ``buf``; ``stats`` is filled as it goes (it survives an
+    interrupt). Every slot of the episode is either a frame or counted in
+    ``stats["overruns"]``: frames + overruns = round(seconds * fps) unless stopped early."""
     period = 1.0 / fps
+    n_slots = max(1, round(seconds * fps))
     lo = np.array([c.limit_lower for c in follower.platform.channels])
     hi = np.array([c.limit_upper for c in follower.platform.channels])
     q_cmd = follower.read_goal()
-    stats = {"overruns": 0, "invalid_frames": 0, "leader_invalid": 0}
+    stats.update(overruns=0, invalid_frames=0, leader_invalid=0)
     t0 = time.monotonic()
-    t_end = t0 + seconds
-    t_next = t0
-    t_rate, k_rate = t0, 0
+    t_rate, k_rate = -math.inf, 0
+    slot = 0
     # The episode lasts ``seconds`` of wall time; a cycle that overruns costs frames (counted
     # as dropped), it never stretches the episode.
-    while t_next < t_end:
+    while slot < n_slots and not (stop is not None and stop.is_set()):
         lead = leader.read()
         # Hold the previous command for a leader motor that was not read: that hold is
         # exactly what the follower was commanded, so recording it invents nothing.
@@ -133,31 +163,37 @@ def _record_episode(leader: TelemetryBus, follower: TelemetryBus, buf: EpisodeBu
             k_rate += 1
             now = time.monotonic()
             if now - t_rate >= 0.5:
-                bar.set_postfix(rate=f"{k_rate / (now - t_rate):.1f}Hz",
-                                dropped=stats["overruns"], invalid=stats["invalid_frames"],
-                                T=f"{np.nanmax(frame.temperature, initial=-1):.0f}C")
+                rate = k_rate / (now - t_rate) if math.isfinite(t_rate) else 0.0
+                bar.set_postfix(rate=f"{rate:.1f}Hz", dropped=stats["overruns"],
+                                invalid=stats["invalid_frames"], T=_hottest(frame))
                 t_rate, k_rate = now, 0
-        t_next += period
-        delay = t_next - time.monotonic()
+        slot += 1
+        delay = t0 + slot * period - time.monotonic()
         if delay > 0:
             sleep_until(time.perf_counter() + delay)
         elif delay < -period:
-            # More than one period late: the slot is lost. Re-anchor instead of bursting.
-            stats["overruns"] += int(-delay // period)
-            t_next = time.monotonic()
-    return stats
+            # More than one period late: those slots are lost. Skip them, stay on the grid.
+            lost = min(int(-delay // period), n_slots - slot)
+            stats["overruns"] += lost
+            slot += lost
 
 
 def record(platform: str | Platform, leader: str, follower: str, task: str,
            episodes: int = 1, seconds: float = 10.0, out: str | Path = "data/recorded",
            payload_g: float | None = None, split: str = "train",
            leader_calibration: str | Path | None = None,
-           follower_calibration: str | Path | None = None, progress: bool = True) -> str:
+           follower_calibration: str | Path | None = None, progress: bool = True,
+           min_valid_fraction: float = MIN_VALID_FRACTION,
+           stop: threading.Event | None = None) -> str:
     """Record ``episodes`` teleoperation episodes of ``seconds`` each into ``out``.
 
     ``leader``/``follower``: serial ports. ``payload_g``: grams held by the follower
     throughout; labels force = (0, 0, -m g) N (0 g labels free motion as zero force); None
     leaves force unlabelled (NaN). Re-running with the same ``out`` appends.
+    ``min_valid_fraction``: an episode with complete follower telemetry in fewer of its
+    frames is saved, then :class:`RecordingQualityError` says what failed on the wire.
+    ``stop``: another thread (a key listener, a foot pedal) sets it to end the current
+    episode early, save it and stop, as Ctrl-C does.
     """
     p = platform if isinstance(platform, Platform) else load_platform(platform)
     if episodes < 1:
@@ -166,10 +202,22 @@ def record(platform: str | Platform, leader: str, follower: str, task: str,
         raise ValueError(f"seconds must be a positive number, got {seconds}")
     if payload_g is not None and not (payload_g >= 0 and math.isfinite(payload_g)):
         raise ValueError(f"payload_g must be >= 0 grams, got {payload_g}")
+    if not 0.0 <= min_valid_fraction <= 1.0:
+        raise ValueError(f"min_valid_fraction must be between 0 and 1, got {min_valid_fraction}")
     if leader == follower:
         raise ValueError(f"leader and follower must be different ports, both are {leader!r}")
     if not task or not task.strip():
         raise ValueError("task must be a non-empty description, e.g. 'pick_place_200g'")
+    with sigterm_as_interrupt():
+        return _record(p, leader, follower, task, episodes, seconds, Path(out), payload_g,
+                       split, leader_calibration, follower_calibration, progress,
+                       min_valid_fraction, stop)
+
+
+def _record(p: Platform, leader: str, follower: str, task: str, episodes: int,
+            seconds: float, out: Path, payload_g: float | None, split: str,
+            leader_calibration, follower_calibration, progress: bool,
+            min_valid_fraction: float, stop: threading.Event | None) -> str:
     fps = p.fps
     ramp_s = float(p.hardware.get("record_ramp_s", 1.0))
     settle_s = float(p.hardware.get("record_settle_s", 2.0))
@@ -178,7 +226,9 @@ def record(platform: str | Platform, leader: str, follower: str, task: str,
     meta = {"source": "nactuator record", "bus": p.hardware.get("bus")}
     writer = DatasetWriter(out, p, fps, metadata=meta)
     saved: list[tuple[int, int]] = []
-    interrupted = False
+    stopped_by: str | None = None
+    poor: str | None = None
+    # Leaving this block closes both buses, whatever ended it: the follower's torque off.
     with open_bus(p, leader, leader_calibration, torque=False) as lead_bus, \
             open_bus(p, follower, follower_calibration) as foll_bus:
         first = lead_bus.wait_ready()
@@ -194,45 +244,60 @@ def record(platform: str | Platform, leader: str, follower: str, task: str,
                 "leader_port": leader, "follower_port": follower, "payload_g": payload_g,
                 "seconds_requested": seconds})
             buf = EpisodeBuffer(p.n, payload_kg, journal)
-            bar = tqdm(total=int(round(seconds * fps)), desc=f"episode {ep + 1}/{episodes}",
+            bar = tqdm(total=max(1, round(seconds * fps)), desc=f"episode {ep + 1}/{episodes}",
                        unit="frame", disable=not progress, leave=True)
             stats: dict = {}
             error: BaseException | None = None
             before = dict(foll_bus.counters)
             try:
-                stats = _record_episode(lead_bus, foll_bus, buf, seconds, fps, bar)
-            except KeyboardInterrupt:
-                interrupted = True
+                _record_episode(lead_bus, foll_bus, buf, seconds, fps, bar, stats, stop)
+            except KeyboardInterrupt as e:
+                stopped_by = str(e.args[0]) if e.args else "Ctrl-C"
             except BaseException as e:  # save what was recorded, then re-raise
                 error = e
             finally:
                 bar.close()
+            if stopped_by is None and stop is not None and stop.is_set():
+                stopped_by = "the stop event"
+            delta = {k: v - before[k] for k, v in foll_bus.counters.items()}
             if len(buf):
+                complete = float(np.mean(np.all(np.stack(buf.rows["telemetry_valid"]) == 1,
+                                                axis=1)))
                 episode_meta = {
                     "leader_port": leader, "follower_port": follower,
                     "payload_g": payload_g, "seconds_requested": seconds,
-                    "interrupted": bool(interrupted or error), **stats,
+                    "interrupted": bool(stopped_by or error), **stats,
+                    "valid_fraction": complete,
                     "hardware_errors": {str(k): v for k, v in buf.errors.items()},
                     "absent_servos": foll_bus.absent_ids,
-                    "bus_counters": {k: v - before[k] for k, v in foll_bus.counters.items()},
+                    "bus_counters": delta,
                 }
-                writer.add_episode(buf.frames(), task, split, episode_meta=episode_meta,
-                                   journal=journal)
-                writer.flush()
+                with interrupts_deferred():  # a second Ctrl-C waits for the episode's files
+                    index = writer.add_episode(buf.frames(), task, split,
+                                               episode_meta=episode_meta, journal=journal)
+                    writer.flush()
                 saved.append((ep, len(buf)))
+                if error is None and complete < min_valid_fraction:
+                    poor = (f"episode {index} ({task!r}, {len(buf)} frames) has complete "
+                            f"follower telemetry in only {complete:.0%} of its frames (minimum "
+                            f"{min_valid_fraction:.0%}, --min-valid-fraction): "
+                            f"{describe_failures(delta, foll_bus.rx_timeout_ms)}. It is saved "
+                            f"in {out} (the missing values are NaN with telemetry_valid = 0); "
+                            "fix the bus and record it again")
             else:
                 journal.discard()
             if error is not None:
                 writer.close()
                 raise error
-            if interrupted:
+            if stopped_by or poor:
                 break
-        foll_bus.set_torque(False)  # as LeRobot does on disconnect
     writer.close()
+    if poor:
+        raise RecordingQualityError(poor)
     frames = sum(n for _, n in saved)
-    how = " (stopped by Ctrl-C)" if interrupted else ""
+    how = f" (stopped by {stopped_by})" if stopped_by else ""
     return (f"recorded {len(saved)} episode(s), {frames} frames at {fps:g} Hz "
-            f"(task {task!r}, split {split}) to {Path(out)}{how}")
+            f"(task {task!r}, split {split}) to {out}{how}")
 
 
 def with_hardware(platform: Platform, **changes) -> Platform:

@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 from nactuator.hardware.emulator.arm import ArmModel, ArmState, ReferenceArm, ScriptedLeader
-from nactuator.hardware.emulator.core import Emulator, make_arm
+from nactuator.hardware.emulator.core import Emulator, EmulatorError, make_arm
 from nactuator.hardware.emulator.faults import Faults
 
-__all__ = ["ArmModel", "ArmState", "Emulator", "Faults", "ReferenceArm", "ScriptedLeader",
-           "make_arm", "run_emulator"]
+__all__ = ["ArmModel", "ArmState", "Emulator", "EmulatorError", "Faults", "ReferenceArm",
+           "ScriptedLeader", "make_arm", "run_emulator"]
 
 
 def _terminate(signum, frame) -> None:
@@ -43,8 +43,9 @@ def run_emulator(bus: str, platform: str, seed: int = 0, bus_timing: bool = Fals
               flush=True)
         t_end = None if duration is None else time.monotonic() + duration
         try:
-            while t_end is None or time.monotonic() < t_end:
+            while (t_end is None or time.monotonic() < t_end) and emu.alive:
                 time.sleep(0.1)
         except KeyboardInterrupt:
             pass
         print(f"emulator stopped: {emu.stats}", file=sys.stderr, flush=True)
+    # Leaving the with block raised EmulatorError if the emulator thread died on an error.

@@ -6,20 +6,29 @@ model in real time and copies its state into the control tables (servos.md §8).
 
     with Emulator("feetech", "so101", arm="reference") as emu:
         bus = FeetechMotorsBus(emu.port, ...)
+
+Nothing in the emulator thread fails silently: a packet the firmware cannot process is
+logged with its bytes and answered as the servo would (DYNAMIXEL: Result Fail), and the
+thread serves on; anything else that stops the thread is logged, kept in
+:attr:`Emulator.failure` and raised again when the emulator is stopped.
 """
 
 from __future__ import annotations
 
+import collections
+import logging
 import os
 import select
 import sys
 import threading
 import time
 import tty
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from nactuator.errors import UserError
 from nactuator.hardware import units
 from nactuator.hardware.control_table import SPEC_BY_BUS, ControlTable
 from nactuator.hardware.emulator.arm import ArmModel, ReferenceArm, ScriptedLeader
@@ -29,6 +38,8 @@ from nactuator.hardware.protocol import dxl2, scs
 from nactuator.hardware.timing import sleep_until
 from nactuator.platforms import Platform, load_platform
 
+log = logging.getLogger(__name__)
+
 # Baud_Rate register codes (XM430 e-manual; STS per LeRobot's table).
 DXL_BAUD = {0: 9_600, 1: 57_600, 2: 115_200, 3: 1_000_000, 4: 2_000_000, 5: 3_000_000,
             6: 4_000_000}
@@ -36,6 +47,33 @@ STS_BAUD = {0: 1_000_000, 1: 500_000, 2: 250_000, 3: 128_000, 4: 115_200, 5: 57_
             6: 38_400, 7: 19_200}
 # Overload: XM430 Hardware Error Status bit 5; STS3215 status bit 5.
 DXL_HW_OVERLOAD, DXL_HW_VOLTAGE = 0x20, 0x01
+# Instructions that read several servos at once: one per telemetry cycle of a bus.
+GROUP_READS = {"dynamixel": {dxl2.SYNC_READ, dxl2.FAST_SYNC_READ, dxl2.BULK_READ,
+                             dxl2.FAST_BULK_READ},
+               "feetech": {scs.SYNC_READ}}
+
+
+def _sts_target(t: ControlTable) -> int:
+    """Where an STS3215 drives for its Goal_Position: the firmware keeps an out-of-range
+    goal in the register but steers to the nearest of Min/Max_Position_Limit (both 0:
+    multi-turn, no limits; Min > Max: a range that wraps through 0)."""
+    goal, lo, hi = t.get("Goal_Position"), t.get("Min_Position_Limit"), \
+        t.get("Max_Position_Limit")
+    if lo == hi == 0:
+        return goal
+    if lo <= hi:
+        return min(max(goal, lo), hi)
+    if goal >= lo or goal <= hi:
+        return goal
+    return hi if goal - hi < lo - goal else lo
+
+
+class EmulatorError(RuntimeError):
+    """The emulator thread stopped on an error (the log has its traceback)."""
+
+
+class FaultIdError(UserError, ValueError):
+    """A fault names a servo ID the emulated platform does not have."""
 
 
 def make_arm(kind: str, platform: Platform, seed: int, supply_voltage: float) -> ArmModel:
@@ -57,12 +95,15 @@ class Emulator:
     ``arm``: an :class:`ArmModel` or a name for :func:`make_arm` (default 'world' for a
     follower, 'leader' with ``leader=True``). ``bus_timing`` adds wire time at the
     configured baud rate plus each servo's Return Delay Time before each reply.
+    ``step_per_read``: instead of in real time, advance the arm model by this many
+    seconds each time a group read (SYNC/BULK READ, one per telemetry cycle) has been
+    answered, so the arm moves the same way on an idle and on a loaded machine (tests).
     """
 
     def __init__(self, bus: str, platform: str | Platform, seed: int = 0, *,
                  arm: str | ArmModel | None = None, leader: bool = False,
                  bus_timing: bool = False, faults: Faults | None = None,
-                 link: str | Path | None = None) -> None:
+                 link: str | Path | None = None, step_per_read: float | None = None) -> None:
         self.platform = platform if isinstance(platform, Platform) else load_platform(platform)
         hw = self.platform.hardware
         if bus not in SPEC_BY_BUS:
@@ -70,11 +111,16 @@ class Emulator:
         if hw.get("bus") != bus:
             raise ValueError(f"platform {self.platform.name!r} uses the {hw.get('bus')!r} bus "
                              f"({self.platform.source}: hardware.bus), not {bus!r}")
+        if step_per_read is not None and not step_per_read > 0:
+            raise ValueError(f"step_per_read must be > 0 seconds, got {step_per_read}")
         self.bus = bus
         self.spec = SPEC_BY_BUS[bus]
         self.ids = [int(i) for i in hw["ids"]]
         self.faults = faults or Faults(seed=seed)
+        for what, ids in (("dead", self.faults.dead_ids), ("alert", self.faults.alert_ids)):
+            self._check_ids(what, ids)
         self.bus_timing = bus_timing
+        self.step_per_read = step_per_read
         self.link = Path(link) if link else None
         emu_conf = hw.get("emulator", {})
         supply = float(emu_conf.get("supply_voltage", 12.0))
@@ -96,14 +142,27 @@ class Emulator:
             self.firmware = FeetechServos(self.tables, self.faults.dead_ids)
             self._reader = scs.PacketReader()
         self.stats = {"packets": 0, "replies": 0, "dropped": 0, "corrupted": 0,
+                      "group_reads": 0, "malformed": 0, "firmware_errors": 0,
                       "physics_steps": 0, "physics_behind": 0}
+        self.failure: BaseException | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._master = self._slave = -1
         self.port = ""
+        # Replies waiting for their time on the wire: (due, bytes), in wire order.
+        self._outbox: collections.deque[tuple[float, bytes]] = collections.deque()
+        self._triggers: list[list] = []  # [group reads still to answer, callback]
         self._sync_registers(first=True)
         self._apply_commands()
+
+    def _check_ids(self, what: str, ids) -> None:
+        unknown = sorted(set(ids) - set(self.ids))
+        if unknown:
+            raise FaultIdError(
+                f"cannot make servo id(s) {', '.join(map(str, unknown))} {what}: the emulated "
+                f"{self.platform.name} arm has servo ids {', '.join(map(str, self.ids))} "
+                f"({self.platform.source}: hardware.ids)")
 
     # --- lifecycle ------------------------------------------------------------------
     # A client in this process that busy-polls the port (the bare SDKs do) holds the GIL
@@ -140,31 +199,51 @@ class Emulator:
                 sys.setswitchinterval(Emulator._saved_switch)
         self._stop.set()
         if self._thread:
-            self._thread.join(timeout=2.0)
+            if self._thread is not threading.current_thread():
+                self._thread.join(timeout=2.0)
             self._thread = None
         for fd in (self._master, self._slave):
             if fd >= 0:
                 os.close(fd)
         self._master = self._slave = -1
-        if self.link and self.link.is_symlink():
+        # Only our own link: another emulator may have re-pointed it since.
+        if self.link and self.link.is_symlink() and os.readlink(self.link) == self.port:
             self.link.unlink()
 
     def __enter__(self) -> Emulator:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         self.stop()
+        if self.failure is not None and exc_type is None:
+            raise EmulatorError(f"the {self.bus} emulator on {self.port} stopped serving: "
+                                f"{self.failure!r} (traceback in the log)") from self.failure
+
+    @property
+    def alive(self) -> bool:
+        """True while the emulator thread serves the bus."""
+        return self._thread is not None and self._thread.is_alive()
 
     def set_dead(self, servo_id: int, dead: bool = True) -> None:
         """Make a servo stop (or resume) answering, e.g. mid-recording."""
+        self._check_ids("dead", [servo_id])
         with self._lock:
             (self.faults.dead_ids.add if dead else self.faults.dead_ids.discard)(servo_id)
 
     def set_alert(self, servo_id: int, alert: bool = True) -> None:
         """Latch (or stop re-latching) an overload hardware error on a servo, at once."""
+        self._check_ids("alert", [servo_id])
         with self._lock:
             (self.faults.alert_ids.add if alert else self.faults.alert_ids.discard)(servo_id)
             self._sync_registers()
+
+    def after_reads(self, n: int, action: Callable[[], object]) -> None:
+        """Call ``action`` (in the emulator thread) once ``n`` more group reads have been
+        answered: a fault or event at a chosen telemetry cycle, not at a wall-clock time."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        with self._lock:
+            self._triggers.append([n, action])
 
     # --- the loop -------------------------------------------------------------------
     # The arm model advances in its own steps, at most every STEP_INTERVAL of wall time
@@ -173,18 +252,34 @@ class Emulator:
     # telemetry costs as much as a physics step.
     STEP_INTERVAL = 0.002
     MAX_CATCHUP = 10  # physics steps; beyond this the model's clock slips
+    POLL_S = 0.05  # longest wait without a reason to wake (checks the stop flag)
+    SPIN_S = 0.002  # replies due sooner than this are timed by spinning, not select()
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # the thread must not end unnoticed
+            if not self._stop.is_set():
+                self.failure = e
+                log.error("the %s emulator on %s stopped serving after an error", self.bus,
+                          self.port, exc_info=True)
+
+    def _serve(self) -> None:
         tick = float(getattr(self.arm, "dt", 0.002))
         t_model = time.perf_counter()
+        lockstep_debt = 0.0  # model time owed by answered group reads (step_per_read)
         stale = False
         while not self._stop.is_set():
-            wake = t_model + max(tick, self.STEP_INTERVAL)
-            timeout = max(0.0, wake - time.perf_counter())
+            now = time.perf_counter()
+            wake = now + self.POLL_S if self.step_per_read else \
+                t_model + max(tick, self.STEP_INTERVAL)
+            if self._outbox:
+                wake = min(wake, self._outbox[0][0] - self.SPIN_S)
             try:
-                ready, _, _ = select.select([self._master], [], [], timeout)
+                ready, _, _ = select.select([self._master], [], [], max(0.0, wake - now))
             except (OSError, ValueError):
-                return
+                return  # the pty was closed: stop() is under way
+            group_reads = 0
             if ready:
                 try:
                     data = os.read(self._master, 4096)
@@ -196,12 +291,27 @@ class Emulator:
                     if packets and stale:
                         self._sync_registers()
                         stale = False
-                    replies = [(r, len(data)) for p in packets for r in self._answer(p)]
+                    for p in packets:
+                        self._queue(self._answer(p), len(data), rx_done)
+                        group_reads += p.inst in GROUP_READS[self.bus]
                     if packets:
                         self._apply_commands()
-                self._send(replies, rx_done)
+            if not self._send_due():
+                return
+            if group_reads:
+                self.stats["group_reads"] += group_reads
+                self._fire_triggers(group_reads)
+            if self.step_per_read:
+                lockstep_debt += group_reads * self.step_per_read
+                while lockstep_debt >= tick:
+                    with self._lock:
+                        self.arm.step(tick)
+                    lockstep_debt -= tick
+                    self.stats["physics_steps"] += 1
+                    stale = True
+                continue
             now = time.perf_counter()
-            if now >= wake:
+            if now >= t_model + max(tick, self.STEP_INTERVAL):
                 steps = int((now - t_model) / tick)
                 if steps > self.MAX_CATCHUP:
                     # The model cannot keep real time (loaded machine): let its clock slip
@@ -220,16 +330,29 @@ class Emulator:
 
     def _answer(self, packet) -> list[bytes]:
         self.stats["packets"] += 1
-        return self.firmware.handle(packet)
+        try:
+            replies = self.firmware.handle(packet)
+        except Exception:
+            # A firmware bug must neither kill the bus nor pass unnoticed.
+            self.stats["firmware_errors"] += 1
+            log.exception("the emulated %s firmware failed on %r; answering as a servo that "
+                          "could not process it and serving on", self.bus, packet)
+            replies = self.firmware.failure_reply(packet)
+        self.stats["malformed"] = self.firmware.malformed
+        return replies
 
     def _baud(self) -> int:
         code = self.tables[self.ids[0]].get("Baud_Rate")
         return (DXL_BAUD if self.bus == "dynamixel" else STS_BAUD).get(code, 1_000_000)
 
-    def _send(self, replies: list[tuple[bytes, int]], rx_done: float) -> None:
+    def _queue(self, replies: list[bytes], request_len: int, rx_done: float) -> None:
+        """Schedule replies: the servos answer at once; latency (a slow USB adapter) only
+        delays when the bytes arrive, it never holds up the next request."""
         due = rx_done + self.faults.latency_ms / 1000.0
+        if self._outbox:
+            due = max(due, self._outbox[-1][0])  # one wire: replies keep their order
         byte_time = 10.0 / self._baud()
-        for reply, request_len in replies:
+        for reply in replies:
             if self.bus_timing:
                 sid = reply[4] if self.bus == "dynamixel" else reply[2]
                 table = self.tables.get(sid, self.tables[self.ids[0]])
@@ -242,12 +365,34 @@ class Emulator:
             if self.faults.corrupt():
                 self.stats["corrupted"] += 1
                 reply = reply[:-1] + bytes([reply[-1] ^ 0xFF])
+            self._outbox.append((due, reply))
+
+    def _send_due(self) -> bool:
+        """Write every reply whose time has come (spinning for the last ~2 ms, so wire
+        timing stays exact). False if the pty is gone."""
+        while self._outbox and self._outbox[0][0] - self.SPIN_S <= time.perf_counter():
+            due, reply = self._outbox.popleft()
             sleep_until(due)
             try:
                 os.write(self._master, reply)
             except OSError:
-                return
+                return False
             self.stats["replies"] += 1
+        return True
+
+    def _fire_triggers(self, group_reads: int) -> None:
+        with self._lock:
+            due = []
+            for trigger in self._triggers:
+                trigger[0] -= group_reads
+                if trigger[0] <= 0:
+                    due.append(trigger[1])
+            self._triggers = [t for t in self._triggers if t[0] > 0]
+        for action in due:
+            try:
+                action()
+            except Exception:
+                log.exception("an after_reads action of the %s emulator failed", self.bus)
 
     # --- registers <-> arm model ----------------------------------------------------
     def _apply_commands(self) -> None:
@@ -258,7 +403,7 @@ class Emulator:
             offset = t.get("Homing_Offset")
             # XM430: Present = Actual + Offset; STS3215: Present = Actual - Offset.
             actual = t.get("Goal_Position") - offset if self.bus == "dynamixel" else \
-                t.get("Goal_Position") + offset
+                _sts_target(t) + offset
             goal[i] = self.units[i].position(actual)
             enabled[i] = t.get("Torque_Enable") != 0
         self.arm.set_goal(goal)

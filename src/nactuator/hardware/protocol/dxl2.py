@@ -56,12 +56,15 @@ def stuff(body: bytes) -> bytes:
 
 
 def unstuff(body: bytes) -> bytes:
-    """Remove the FD that stuffing inserted after each FF FF FD."""
+    """Remove the FD that stuffing inserted after each FF FF FD. Only an FD is removed:
+    dynamixel_sdk's Python ``addStuffing`` never reaches the packet it sends (it rebinds a
+    local list), so its instructions arrive unstuffed and FF FF FD 00 must stay intact."""
     out = bytearray()
     i = 0
     while i < len(body):
         out.append(body[i])
-        if body[i] == 0xFD and len(out) >= 3 and out[-3] == 0xFF and out[-2] == 0xFF:
+        if (body[i] == 0xFD and len(out) >= 3 and out[-3] == 0xFF and out[-2] == 0xFF
+                and i + 1 < len(body) and body[i + 1] == 0xFD):
             i += 1  # skip the stuffed FD
         i += 1
     return bytes(out)
@@ -90,9 +93,11 @@ def fast_status_packet(blocks: list[tuple[int, int, bytes]], length: int | None 
     """One aggregated FAST_SYNC_READ/FAST_BULK_READ reply for ``[(error, id, data), ...]``.
 
     Not stuffed. Each device's CRC_i is the running CRC from the first FF to the end of its
-    data (earlier CRC_j included); the last CRC_i is the packet CRC.
+    data (earlier CRC_j included); the last CRC_i is the packet CRC. ``length`` overrides
+    the LEN field: a chain broken at a dead servo sends a header that promised more.
     """
-    length = 1 + sum(len(d) + 4 for _, _, d in blocks)  # 0x55, then ERR ID DATA CRC each
+    if length is None:  # 0x55, then ERR ID DATA CRC per device
+        length = 1 + sum(len(d) + 4 for _, _, d in blocks)
     pkt = bytearray(HEADER + bytes([BROADCAST_ID, length & 0xFF, length >> 8, STATUS]))
     for error, dxl_id, data in blocks:
         pkt += bytes([error, dxl_id]) + bytes(data)
