@@ -72,3 +72,53 @@ def test_live_refuses_a_checkpoint_of_another_platform(tmp_path) -> None:
     ckpt = untrained_bundle(tmp_path / "so101.pt", "so101", 6)
     with pytest.raises(BundleError, match="so101.*expected 'omx'"):
         run_live(ckpt, "omx", "/dev/null", seconds=0.1)
+
+
+def test_status_line_redraws_in_place_on_a_terminal_and_logs_otherwise() -> None:
+    import io
+
+    from nactuator.control.live import StatusLine
+
+    rows = [{"t": k / 60, "fx": 0.0, "fy": 0.0, "fz": -4.9, "gate": 0.9, "valid": int(k != 3)}
+            for k in range(120)]
+    log = io.StringIO()
+    line = StatusLine(60.0, log, every_log=5.0)
+    line.update(rows[:60], 0)
+    line.update(rows, 2)  # within 5 s of the first: not printed again
+    (text,) = log.getvalue().splitlines()
+    assert "60.0 Hz" in text and "|f|   4.90 N" in text and "gate 0.90" in text
+    assert "60 cycles, 1 incomplete, 0 lost" in text
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Terminal()
+    line = StatusLine(60.0, tty, every=0.0)
+    line.update(rows[:10], 0)
+    line.update(rows, 1)
+    line.close()
+    assert tty.getvalue().count("\r\x1b[K") == 2 and tty.getvalue().endswith("\n")
+
+
+def test_live_cli_takes_a_calibration_and_shows_its_status(tmp_path, capsys) -> None:
+    import json
+
+    from nactuator.cli import main
+
+    p = load_platform("so101")
+    cal = {n: {"id": k + 1, "drive_mode": 0, "homing_offset": 0, "range_min": 0,
+               "range_max": 4095} for k, n in enumerate(p.channel_names)}
+    (tmp_path / "cal.json").write_text(json.dumps(cal))
+    ckpt = untrained_bundle(tmp_path / "so101.pt", "so101", 6)
+    with Emulator("feetech", "so101", seed=1) as follower:
+        code = main(["live", "--ckpt", ckpt, "--platform", "so101", "--port", follower.port,
+                     "--calibration", str(tmp_path / "cal.json"), "--seconds", "0.3",
+                     "--out", str(tmp_path / "live.csv")])
+    out, err = capsys.readouterr()
+    assert code == 0 and out.startswith("live: ") and (tmp_path / "live.csv").is_file()
+    assert "live " in err and " cycles, " in err  # the running status line
+    code = main(["live", "--ckpt", ckpt, "--platform", "so101", "--port", "/dev/null",
+                 "--calibration", str(tmp_path / "missing.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "calibration file" in err[0]

@@ -117,9 +117,12 @@ def _emulate(a: argparse.Namespace) -> int:
 def _record(a: argparse.Namespace) -> int:
     from nactuator.hardware.recorder import record
 
+    quality = {} if a.min_valid_fraction is None else {
+        "min_valid_fraction": a.min_valid_fraction}
     print(record(platform=a.platform, leader=a.leader, follower=a.follower, task=a.task,
                  episodes=a.episodes, seconds=a.seconds, out=a.out, payload_g=a.payload_g,
-                 split=a.split, min_valid_fraction=a.min_valid_fraction))
+                 split=a.split, leader_calibration=a.leader_calibration,
+                 follower_calibration=a.follower_calibration, **quality))
     return 0
 
 
@@ -127,8 +130,30 @@ def _live(a: argparse.Namespace) -> int:
     from nactuator.control.live import run_live
 
     print(run_live(ckpt=a.ckpt, platform=a.platform, port=a.port, out=a.out,
-                   seconds=a.seconds, device=a.device))
+                   seconds=a.seconds, device=a.device, calibration=a.calibration,
+                   quiet=a.quiet))
     return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
 
 
 PLATFORM_HELP = "platform name: so101, omx, franka or pendulum (conf/platform/<name>.yaml)"
@@ -252,9 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_sweep, passthrough=True)
 
     s = sub.add_parser("emulate", help="a virtual servo arm on a pseudo-terminal")
-    s.add_argument("--bus", required=True, choices=["dynamixel", "feetech"])
-    s.add_argument("--platform", required=True)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--bus", required=True, choices=["dynamixel", "feetech"],
+                   help="wire protocol: dynamixel (Protocol 2.0, OMX) or feetech (SCS, SO-101)")
+    s.add_argument("--platform", required=True, help=PLATFORM_HELP)
+    s.add_argument("--seed", type=int, default=0, help="seeds the hidden servo world and faults")
     s.add_argument("--bus-timing", action="store_true", help="emulate wire time at the baud rate")
     s.add_argument("--corrupt-rate", type=float, default=0.0, help="fraction of corrupted replies")
     s.add_argument("--drop-rate", type=float, default=0.0, help="fraction of dropped replies")
@@ -271,27 +297,40 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_emulate)
 
     s = sub.add_parser("record", help="leader-follower teleoperation recording to NAD shards")
-    s.add_argument("--platform", required=True)
-    s.add_argument("--leader", required=True)
-    s.add_argument("--follower", required=True)
-    s.add_argument("--task", required=True)
-    s.add_argument("--episodes", type=int, default=1)
-    s.add_argument("--seconds", type=float, default=10.0)
-    s.add_argument("--out", required=True)
-    s.add_argument("--payload-g", type=float, default=None)
-    s.add_argument("--split", default="train", choices=["train", "validation", "test"])
-    s.add_argument("--min-valid-fraction", type=float, default=0.9,
+    s.add_argument("--platform", required=True, help=PLATFORM_HELP)
+    s.add_argument("--leader", required=True,
+                   help="serial port of the leader arm (e.g. /dev/ttyACM0, or an emulator's pty)")
+    s.add_argument("--follower", required=True, help="serial port of the follower arm")
+    s.add_argument("--leader-calibration", default=None,
+                   help="LeRobot calibration JSON of the leader (SO-101: from lerobot-calibrate)")
+    s.add_argument("--follower-calibration", default=None,
+                   help="LeRobot calibration JSON of the follower")
+    s.add_argument("--task", required=True, help="task label, e.g. pick_place_200g")
+    s.add_argument("--episodes", type=_positive_int, default=1, help="episodes to record")
+    s.add_argument("--seconds", type=_positive_float, default=10.0,
+                   help="length of each episode (Ctrl-C ends the current one early, saved)")
+    s.add_argument("--out", required=True, help="dataset folder (appended to if it exists)")
+    s.add_argument("--payload-g", type=float, default=None,
+                   help="grams held by the follower: labels force (0, 0, -m g); omit if unknown")
+    s.add_argument("--split", default="train", choices=["train", "validation", "test"],
+                   help="split of the recorded episodes (default: train)")
+    s.add_argument("--min-valid-fraction", type=_fraction, default=None,
                    help="stop with an error (after saving it) when an episode has complete "
                         "follower telemetry in fewer of its frames (default 0.9)")
     s.set_defaults(func=_record)
 
     s = sub.add_parser("live", help="live virtual force sensor on a servo bus")
-    s.add_argument("--ckpt", required=True)
-    s.add_argument("--platform", required=True)
-    s.add_argument("--port", required=True)
+    s.add_argument("--ckpt", required=True, help=CKPT_HELP)
+    s.add_argument("--platform", required=True, help=PLATFORM_HELP)
+    s.add_argument("--port", required=True, help="serial port of the arm (or an emulator's pty)")
+    s.add_argument("--calibration", default=None,
+                   help="LeRobot calibration JSON of the arm (SO-101: from lerobot-calibrate)")
     s.add_argument("--out", default=None, help="CSV file (default: stdout)")
-    s.add_argument("--seconds", type=float, default=None)
-    s.add_argument("--device", default="cpu")
+    s.add_argument("--seconds", type=_positive_float, default=None,
+                   help="stop after this long (default: until Ctrl-C)")
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    s.add_argument("--quiet", action="store_true",
+                   help="no running status line on stderr (rate, force, dropped cycles)")
     s.set_defaults(func=_live)
     return p
 

@@ -34,7 +34,7 @@ from nactuator.models import load_actuator
 from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import StreamingWindow
 
-__all__ = ["LiveLoop", "hold_last_valid", "run_live", "summarize_timings"]
+__all__ = ["LiveLoop", "StatusLine", "hold_last_valid", "run_live", "summarize_timings"]
 
 
 def hold_last_valid(held: dict[str, np.ndarray], values: dict[str, np.ndarray],
@@ -92,11 +92,13 @@ class LiveLoop:
         return row
 
     def run(self, seconds: float | None, sink: csv.DictWriter | None,
-            stream: TextIO | None = None) -> list[dict[str, float]]:
+            stream: TextIO | None = None,
+            status: StatusLine | None = None) -> list[dict[str, float]]:
         """Cycle at the platform rate until ``seconds`` pass (None: until Ctrl-C)."""
         period = 1.0 / self.platform.fps
         n_cycles = None if seconds is None else int(round(seconds * self.platform.fps))
         rows: list[dict[str, float]] = []
+        self.lost_slots = 0
         t_next = time.perf_counter()
         try:
             while n_cycles is None or len(rows) < n_cycles:
@@ -106,15 +108,60 @@ class LiveLoop:
                     sink.writerow({k: _fmt(v) for k, v in row.items()})
                     if stream is not None:
                         stream.flush()
+                if status is not None:
+                    status.update(rows, self.lost_slots)
                 t_next += period
                 delay = t_next - time.perf_counter()
                 if delay > 0:
                     sleep_until(t_next)
                 elif delay < -period:
+                    self.lost_slots += 1
                     t_next = time.perf_counter()  # a lost slot: re-anchor, don't burst
         except KeyboardInterrupt:
             pass
+        finally:
+            if status is not None:
+                status.close()
         return rows
+
+
+class StatusLine:
+    """A one-line running status on a terminal (stderr): rate, last force, gate, cycles
+    with incomplete telemetry, lost slots. Redrawn in place at most every ``every`` s; on a
+    non-terminal (a log file) one line every ``every_log`` s instead."""
+
+    def __init__(self, fps: float, stream: TextIO | None = None, every: float = 0.25,
+                 every_log: float = 5.0) -> None:
+        self.fps, self.stream = fps, stream or sys.stderr
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.every = every if self.tty else every_log
+        self._last = -math.inf
+        self._drawn = False
+
+    def text(self, rows: list[dict[str, float]], lost_slots: int) -> str:
+        last = rows[-1]
+        recent = [r["t"] for r in rows[-int(self.fps) :]]
+        rate = (len(recent) - 1) / (recent[-1] - recent[0]) if len(recent) > 1 else math.nan
+        force = math.sqrt(last["fx"] ** 2 + last["fy"] ** 2 + last["fz"] ** 2)
+        incomplete = sum(1 - int(r["valid"]) for r in rows)
+        return (f"live {rate:5.1f} Hz | |f| {force:6.2f} N (fx {last['fx']:+.2f} fy "
+                f"{last['fy']:+.2f} fz {last['fz']:+.2f}) gate {last['gate']:.2f} | "
+                f"{len(rows)} cycles, {incomplete} incomplete, {lost_slots} lost")
+
+    def update(self, rows: list[dict[str, float]], lost_slots: int) -> None:
+        now = time.perf_counter()
+        if now - self._last < self.every:
+            return
+        self._last = now
+        end = "" if self.tty else "\n"
+        self.stream.write(("\r\x1b[K" if self.tty else "") + self.text(rows, lost_slots) + end)
+        self.stream.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        if self._drawn and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def _fmt(v: float) -> str:
@@ -142,12 +189,13 @@ def summarize_timings(rows: list[dict[str, float]], fps: float) -> dict[str, flo
 def run_live(ckpt: str | Path, platform: str | Platform, port: str,
              out: str | Path | None = None, seconds: float | None = None,
              device: str = "cpu", calibration: str | Path | None = None,
-             threads: int | None = 1) -> str:
+             threads: int | None = 1, quiet: bool = False) -> str:
     """Stream force/gate/condition from the arm on ``port`` with the actuator in ``ckpt``.
 
     Rows go to ``out`` (CSV, written as ``out.partial`` and renamed when the loop ends) or
     to stdout. ``threads``: torch intra-op threads (1 keeps the per-cycle latency low and
-    steady; None leaves torch's setting). Returns a one-paragraph timing summary.
+    steady; None leaves torch's setting). Unless ``quiet``, a one-line running status goes
+    to stderr (:class:`StatusLine`). Returns a one-paragraph timing summary.
     """
     p = platform if isinstance(platform, Platform) else load_platform(platform)
     if seconds is not None and not seconds > 0:
@@ -173,7 +221,8 @@ def run_live(ckpt: str | Path, platform: str | Platform, port: str,
         try:
             writer = csv.DictWriter(sink_file, fieldnames=loop.columns)
             writer.writeheader()
-            rows = loop.run(seconds, writer, sink_file)
+            status = None if quiet else StatusLine(p.fps)
+            rows = loop.run(seconds, writer, sink_file, status)
         finally:
             if partial is not None:
                 sink_file.close()
