@@ -93,6 +93,12 @@ def test_train_entry_point_with_data(data, tmp_path, capsys):
     assert cli.model.loss_weights.w_vel == 5.0  # conf/train/so101.yaml was applied
     printed = capsys.readouterr().out
     assert "train/loss at start" not in printed and "steps): start" in printed
+    # stable names for the next command: <root>/best.ckpt and <root>/last.ckpt
+    for name in ("best.ckpt", "last.ckpt"):
+        link = tmp_path / name
+        assert link.is_symlink() and link.resolve().parent.name == "checkpoints"
+        assert torch.load(link, weights_only=True)["nactuator"]["platform"] == "so101"
+    assert f"nactuator eval --ckpt {tmp_path / 'best.ckpt'}" in printed
 
 
 @pytest.mark.slow

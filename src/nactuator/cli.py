@@ -370,6 +370,10 @@ def main(argv: list[str] | None = None) -> int:
         debug = True
         argv = [x for x in argv if x != "--debug"]
     command = " ".join(x for x in argv[:2] if not x.startswith("-")) or "nactuator"
+    # Warp compiles kernels once into the project's cache, wherever the command runs from.
+    from nactuator.training.cli import cache_dir
+
+    os.environ.setdefault("WARP_CACHE_PATH", str(cache_dir() / "warp"))
     try:
         return _run(argv)
     except KeyboardInterrupt:

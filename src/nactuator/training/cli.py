@@ -154,34 +154,66 @@ def lightning_main(argv: Sequence[str], run: bool = True) -> Any:
     )
 
 
+def _root_dir(args: Sequence[str]) -> str | None:
+    for k, arg in enumerate(args):
+        if arg.startswith("--trainer.default_root_dir="):
+            return arg.partition("=")[2]
+        if arg == "--trainer.default_root_dir" and k + 1 < len(args):
+            return args[k + 1]
+    return None
+
+
 def train(platform: str, data: str | None = None, extra_args: Sequence[str] = ()) -> Any:
-    """``make train PLATFORM=p [DATA=path] [ARGS=...]``: fit with the project defaults."""
+    """``make train PLATFORM=p [DATA=path] [ARGS=...]``: fit with the project defaults.
+
+    Runs go under ``runs/<platform>`` unless ``--trainer.default_root_dir`` says otherwise;
+    at the end ``best.ckpt`` and ``last.ckpt`` in that folder point at the run's
+    checkpoints, so the next command needs no version or epoch in its path."""
     from nactuator.data.defaults import default_dataset
 
     name = load_platform(platform).name
     paths = ([p for p in data.split(",") if p] if data
              else [str(default_dataset(name, cache_dir() / "datasets"))])
+    root = _root_dir(extra_args)
     argv = ["fit", "--config", str(conf_dir() / "base.yaml")]
     platform_defaults = conf_dir() / "train" / f"{name}.yaml"
     if platform_defaults.is_file():
         argv += ["--config", str(platform_defaults)]
-    argv += ["--platform", platform, f"--data.paths={json.dumps(paths)}", *extra_args]
+    argv += ["--platform", platform, f"--data.paths={json.dumps(paths)}"]
+    if root is None:
+        root = str(Path("runs") / name)
+        argv.append(f"--trainer.default_root_dir={root}")
+    argv += list(extra_args)
     print("[nactuator] nactuator " + " ".join(argv), flush=True)
     cli = lightning_main(argv)
-    _print_next_steps(cli, paths)
+    if cli.trainer.is_global_zero:
+        _print_next_steps(cli, paths, Path(root))
     return cli
 
 
-def _print_next_steps(cli: Any, paths: Sequence[str]) -> None:
-    """Where the checkpoints went, and the command that evaluates the best one."""
-    best = next((c.best_model_path for c in cli.trainer.checkpoint_callbacks
-                 if c.monitor and c.best_model_path), None)
-    if best and cli.trainer.is_global_zero:
+def _link(link: Path, target: str) -> Path:
+    """``link`` -> ``target`` (relative), replacing an older link atomically."""
+    tmp = link.with_name(f".{link.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(os.path.relpath(Path(target).resolve(), link.parent.resolve()))
+    os.replace(tmp, link)
+    return link
+
+
+def _print_next_steps(cli: Any, paths: Sequence[str], root: Path) -> None:
+    """Link ``best.ckpt``/``last.ckpt`` in the run folder; print the eval command."""
+    callbacks = cli.trainer.checkpoint_callbacks
+    best = next((c.best_model_path for c in callbacks if c.monitor and c.best_model_path), None)
+    last = next((c.last_model_path or c.best_model_path for c in callbacks
+                 if not c.monitor and (c.last_model_path or c.best_model_path)), None)
+    if last:
+        print(f"[nactuator] last checkpoint: {_link(root / 'last.ckpt', last)} -> {last}")
+    if best:
         split = "test" if any(_has_split(p, "test") for p in paths) else "validation"
-        out = Path(best).parents[1] / "eval"
-        print(f"[nactuator] best checkpoint (by val/loss): {best}\n"
-              f"[nactuator] evaluate it: nactuator eval --ckpt {best} "
-              f"--data {','.join(paths)} --split {split} --out {out}", flush=True)
+        link = _link(root / "best.ckpt", best)
+        print(f"[nactuator] best checkpoint (by val/loss): {link} -> {best}\n"
+              f"[nactuator] evaluate it: nactuator eval --ckpt {link} "
+              f"--data {','.join(paths)} --split {split} --out {root / 'eval'}", flush=True)
 
 
 def _has_split(path: str, split: str) -> bool:
