@@ -27,8 +27,9 @@ created inside ``chain_qdd`` -- so afresh for every substep -- and each row is w
 exactly once before it is read: under that rule Warp's in-place component store has the
 right adjoint. The kernel is generated per robot geometry (``n``, joint kinds, frames and
 inertials are compile-time constants); joint dynamics (armature, damping, limits, gains)
-are launch arguments, so changing them does not recompile. tests/test_sim_chain*.py check
-the trajectories against Newton and the gradients against finite differences.
+are launch arguments, so changing them does not recompile. tests/test_sim_chain.py checks
+the trajectories and gradients against Newton and float64 MuJoCo, tests/test_sim_grad.py the
+gradients against finite differences (open loop, closed loop, inside the joint limits).
 """
 
 # No `from __future__ import annotations`: Warp reads kernel annotations as live types.
@@ -41,12 +42,15 @@ import warp as wp
 
 from nactuator.platforms import Platform
 from nactuator.sim.builder import SimSettings, SimSetupError
+from nactuator.sim.kinematics import _quat_xyzw_to_matrix
 
 __all__ = ["ChainEngine", "ChainGeometry", "NotASerialChain", "chain_geometry"]
 
 _REVOLUTE, _PRISMATIC = 1, 0  # newton.JointType values
 _GRAVITY = (0.0, 0.0, -9.81)
 
+# Warp's default CPU flags add much higher inlining thresholds; on this large unrolled kernel
+# they compiled no faster and ran slower (docs/simulator.md "Compile time").
 MODULE_OPTIONS: dict = {"cpu_compiler_flags": "-march=native"}
 
 vec6 = wp.types.vector(length=6, dtype=wp.float32)
@@ -79,15 +83,6 @@ class ChainGeometry:
     @property
     def n(self) -> int:
         return len(self.revolute)
-
-
-def _quat_xyzw_to_matrix(quat) -> np.ndarray:
-    x, y, z, w = (float(v) for v in quat)
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-        [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-        [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
-    ])
 
 
 def chain_geometry(arrays: dict[str, np.ndarray], where: str) -> ChainGeometry:
