@@ -31,7 +31,7 @@ from nactuator.sim.builder import (
     joint_arrays,
     sim_settings,
 )
-from nactuator.sim.chain import ChainEngine, NotASerialChain, chain_geometry
+from nactuator.sim.chain import ChainEngine, ChainGeometry, NotASerialChain, chain_geometry
 from nactuator.sim.kinematics import ChainKinematics
 from nactuator.sim.newton_engine import NewtonEngine
 from nactuator.sim.solver import GradientSafeFeatherstone
@@ -108,29 +108,29 @@ class Simulator:
         )
         self.stability = check_stability(platform, kinematics, self.settings)
         self.kinematics = kinematics.to(self.device)
-        self.engine = self._choose_engine(engine, arrays, gradient_fix)
+        self.engine, geometry = self._choose_engine(engine, arrays, gradient_fix)
         self._solver_cls = GradientSafeFeatherstone if gradient_fix else SolverFeatherstone
         self._newton_engines: dict[int, NewtonEngine] = {}
         self._chain: ChainEngine | None = None
         if self.engine == "chain":
             with wp.ScopedDevice(self._wp_device):
-                self._chain = ChainEngine(platform, self._geometry, self.settings,
-                                          self._wp_device)
+                self._chain = ChainEngine(platform, geometry, self.settings, self._wp_device)
         as_tensor = lambda v: torch.tensor(v, dtype=torch.float32, device=self.device)  # noqa: E731
         # Effort bounds (n,) on `device`, in N*m or N per channel: what `step` clips to.
         self.effort_min = as_tensor(platform.effort_min)
         self.effort_max = as_tensor(platform.effort_max)
         self._velocity_limit = float(platform.velocity_limit)
 
-    def _choose_engine(self, requested: str | None, arrays, gradient_fix: bool) -> str:
+    def _choose_engine(self, requested: str | None, arrays,
+                       gradient_fix: bool) -> tuple[str, ChainGeometry | None]:
+        """The engine to run (argument, else ``sim.engine``, else chain where possible) and,
+        for a serial chain, its geometry."""
         where = self.platform.source or self.platform.name
-        pinned = self.settings.engine
         try:
-            self._geometry = chain_geometry(arrays, where)
-            error = None
+            geometry, error = chain_geometry(arrays, where), None
         except NotASerialChain as e:
-            self._geometry, error = None, e
-        engine = requested or pinned or ("chain" if error is None else "newton")
+            geometry, error = None, e
+        engine = requested or self.settings.engine or ("chain" if error is None else "newton")
         if engine == "chain":
             if error is not None:
                 how = "requested" if requested else "pinned by sim.engine"
@@ -138,7 +138,7 @@ class Simulator:
             if not gradient_fix:
                 raise ValueError("gradient_fix=False selects Newton's stock solver; it needs "
                                  "engine='newton' (the chain engine has no such variant)")
-        return engine
+        return engine, geometry
 
     @property
     def n(self) -> int:
