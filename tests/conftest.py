@@ -38,7 +38,22 @@ SIM_PLATFORMS = ["omx", "so101", "franka", "pendulum"]
 @pytest.fixture(scope="session")
 def sims():
     """One Simulator per platform for the whole session: building one compiles/loads Warp
-    kernels and the Newton model, so the simulator test modules share them."""
+    kernels and the Newton model, so the simulator test modules share them. These run the
+    default engine (the chain engine on every shipped platform)."""
     from nactuator.sim import Simulator
 
     return {name: Simulator(name) for name in SIM_PLATFORMS}
+
+
+@pytest.fixture(scope="session")
+def newton_sims():
+    """The same platforms on the Newton (reference) engine."""
+    from nactuator.sim import Simulator
+
+    return {name: Simulator(name, engine="newton") for name in SIM_PLATFORMS}
+
+
+@pytest.fixture(scope="session")
+def engine_sims(sims, newton_sims):
+    """``engine_sims[engine][platform]`` for tests parametrized over both engines."""
+    return {"chain": sims, "newton": newton_sims}

@@ -1,5 +1,5 @@
-"""Forward dynamics: MuJoCo parity, determinism, batch independence, long-run stability,
-external-force routing and input validation."""
+"""Forward dynamics of both engines: MuJoCo parity, determinism, batch independence,
+long-run stability, external-force routing and input validation."""
 
 from __future__ import annotations
 
@@ -10,31 +10,38 @@ from conftest import SIM_PLATFORMS as PLATFORMS
 from nactuator.sim import Simulator
 from nactuator.sim.check import PARITY_GATE, mujoco_parity, start_states, tracking_torques
 
+ENGINES = ["chain", "newton"]
 
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", PLATFORMS)
-def test_mujoco_parity_within_mujocos_own_integration_gap(sims, name):
-    res = mujoco_parity(sims[name], seconds=2.0, batch=2, seed=0)
+def test_mujoco_parity_within_mujocos_own_integration_gap(engine_sims, engine, name):
+    res = mujoco_parity(engine_sims[engine][name], seconds=2.0, batch=2, seed=0)
     assert res["ratio"] <= PARITY_GATE, res
     # The arm really moved, so the comparison means something.
     assert res["euler_rk4_gap"] > 1e-4, res
 
 
-def test_featherstone_angular_damping_has_no_effect_on_joint_space_arms(sims):
+def test_featherstone_angular_damping_has_no_effect_on_joint_space_arms(newton_sims):
     # newton 1.8.0 stores SolverFeatherstone's angular_damping but never reads it; if an
     # upgrade starts to, this fails and the MuJoCo parity (which has no counterpart) must be
-    # re-checked with sim.angular_damping = 0.
+    # re-checked with sim.angular_damping = 0 -- and the chain engine, which refuses a
+    # nonzero value because there is nothing to match, must learn it.
     import dataclasses
 
-    base = sims["omx"].platform
-    damped = Simulator(dataclasses.replace(base, sim=dict(base.sim, angular_damping=0.05)))
+    base = newton_sims["omx"].platform
+    damped = Simulator(dataclasses.replace(base, sim=dict(base.sim, angular_damping=0.05)),
+                       engine="newton")
     q0, qd0 = start_states(base, 2, seed=6)
-    taus = tracking_torques(sims["omx"], q0, qd0, 10, seed=6)
+    taus = tracking_torques(newton_sims["omx"], q0, qd0, 10, seed=6)
     with torch.no_grad():
-        assert torch.equal(sims["omx"].rollout(q0, qd0, taus)[0], damped.rollout(q0, qd0, taus)[0])
+        assert torch.equal(newton_sims["omx"].rollout(q0, qd0, taus)[0],
+                           damped.rollout(q0, qd0, taus)[0])
 
 
-def test_repeated_runs_are_bitwise_identical(sims):
-    sim = sims["so101"]
+@pytest.mark.parametrize("engine", ENGINES)
+def test_repeated_runs_are_bitwise_identical(engine_sims, engine):
+    sim = engine_sims[engine]["so101"]
     q0, qd0 = start_states(sim.platform, 4, seed=3)
     taus = tracking_torques(sim, q0, qd0, 20, seed=3)
     with torch.no_grad():
@@ -44,8 +51,9 @@ def test_repeated_runs_are_bitwise_identical(sims):
         assert torch.equal(a, b)
 
 
-def test_an_arm_does_not_depend_on_the_batch_it_is_in(sims):
-    sim = sims["omx"]
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_arm_does_not_depend_on_the_batch_it_is_in(engine_sims, engine):
+    sim = engine_sims[engine]["omx"]
     q0, qd0 = start_states(sim.platform, 8, seed=4)
     taus = tracking_torques(sim, q0, qd0, 30, seed=4)
     with torch.no_grad():
@@ -55,10 +63,11 @@ def test_an_arm_does_not_depend_on_the_batch_it_is_in(sims):
     assert torch.equal(qd_all[5:6], qd_one)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", PLATFORMS)
-def test_ten_seconds_under_gravity_from_random_poses_stays_finite(sims, name):
+def test_ten_seconds_under_gravity_from_random_poses_stays_finite(engine_sims, engine, name):
     # The newton#4269 scenario: light serial arms falling under gravity onto their limits.
-    sim = sims[name]
+    sim = engine_sims[engine][name]
     platform = sim.platform
     gen = torch.Generator().manual_seed(5)
     lo = torch.tensor([c.limit_lower for c in platform.channels])

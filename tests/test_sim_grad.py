@@ -1,5 +1,6 @@
-"""Gradients through the simulator equal central finite differences, open and closed loop,
-and the stock solver's do not (so the scratch-buffer fix can never silently vanish)."""
+"""Gradients through the simulator equal central finite differences -- open loop, closed
+loop and inside the joint limits, on both engines -- and the stock Newton solver's do not
+(so the scratch-buffer fix can never silently vanish)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,52 @@ import torch
 from conftest import SIM_PLATFORMS as PLATFORMS
 
 from nactuator.platforms import load_platform
-from nactuator.sim.check import FD_GATE, closed_loop_fd, directional_fd, stock_solver_error
+from nactuator.sim.check import (
+    FD_GATE,
+    FD_STEPS,
+    closed_loop_fd,
+    directional_fd,
+    limit_fd,
+    stock_solver_error,
+)
 
 LO, HI = FD_GATE
+ENGINES = ["chain", "newton"]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", PLATFORMS)
-def test_rollout_gradient_matches_finite_differences(sims, name):
+def test_rollout_gradient_matches_finite_differences(engine_sims, engine, name):
     # 64 control steps, B = 2, float32 central differences with eps = 3e-2.
-    res = directional_fd(sims[name], batch=2, steps=64, seed=0)
+    res = directional_fd(engine_sims[engine][name], batch=2, steps=FD_STEPS, seed=0)
     assert LO <= res["ratio_torques"] <= HI, res
     assert LO <= res["ratio_initial_state"] <= HI, res
     assert res["cosine"] > 0.999, res
 
 
-def test_closed_loop_gradient_wrt_network_weights_matches_finite_differences(sims):
-    res = closed_loop_fd(sims["omx"], batch=2, steps=32, seed=0)
+# Newton's closed loop costs ~10 s per platform on one core: one platform in the fast suite.
+_CLOSED_LOOP = [("chain", name) for name in PLATFORMS] + [("newton", "omx")] + [
+    pytest.param("newton", name, marks=pytest.mark.slow) for name in PLATFORMS if name != "omx"
+]
+
+
+@pytest.mark.parametrize(("engine", "name"), _CLOSED_LOOP)
+def test_closed_loop_gradient_wrt_network_weights_matches_finite_differences(engine_sims,
+                                                                             engine, name):
+    # An MLP maps the simulated state to the effort at each of 64 steps.
+    res = closed_loop_fd(engine_sims[engine][name], batch=2, steps=FD_STEPS, seed=0)
     assert LO <= res["ratio_weights"] <= HI, res
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("name", PLATFORMS)
+def test_gradient_through_active_joint_limits_matches_finite_differences(engine_sims, engine,
+                                                                         name):
+    # Every joint stays inside its upper penalty limit for all 32 steps of every rollout.
+    res = limit_fd(engine_sims[engine][name], batch=2, steps=32, seed=0)
+    assert res["min_penetration"] > 0.1, res  # the limit spring is active the whole time
+    assert LO <= res["ratio_torques"] <= HI, res
+    assert LO <= res["ratio_initial_state"] <= HI, res
 
 
 @pytest.mark.parametrize("name", ["omx", "so101"])
@@ -34,8 +64,9 @@ def test_stock_solver_gradient_is_wrong_where_ours_is_right(name):
     assert err["patched"] < 1e-3, err  # ...and the per-state buffers remove it
 
 
-def test_gradients_reach_every_input_and_are_repeatable(sims):
-    sim = sims["so101"]
+@pytest.mark.parametrize("engine", ENGINES)
+def test_gradients_reach_every_input_and_are_repeatable(engine_sims, engine):
+    sim = engine_sims[engine]["so101"]
     q = torch.zeros(3, 6, requires_grad=True)
     qd = torch.zeros(3, 6, requires_grad=True)
     tau = torch.full((3, 6), 0.1, requires_grad=True)
@@ -48,11 +79,12 @@ def test_gradients_reach_every_input_and_are_repeatable(sims):
             x.grad = None
     for first, second in zip(*grads, strict=True):
         assert torch.isfinite(first).all() and first.abs().sum() > 0
-        torch.testing.assert_close(first, second, rtol=0, atol=0)  # tape.zero() leaks nothing
+        torch.testing.assert_close(first, second, rtol=0, atol=0)  # nothing leaks between calls
 
 
-def test_clipped_effort_has_zero_gradient(sims):
-    sim = sims["omx"]
+@pytest.mark.parametrize("engine", ENGINES)
+def test_clipped_effort_has_zero_gradient(engine_sims, engine):
+    sim = engine_sims[engine]["omx"]
     tau = torch.tensor([[100.0, 0.0, 0.0, 0.0, 0.0]], requires_grad=True)  # bound is 5 N*m
     q1, _ = sim.step(torch.zeros(1, 5), torch.zeros(1, 5), tau)
     q1.sum().backward()

@@ -18,6 +18,7 @@ from nactuator.errors import UserError
 from nactuator.platforms import Platform
 
 __all__ = [
+    "ENGINES",
     "SimSettings",
     "SimSetupError",
     "body_index",
@@ -31,6 +32,8 @@ __all__ = [
 # ke = 250, kd = 10 because Newton's default (1e4, 10) is ~40x stiffer than MuJoCo's soft
 # limits and "poisons early-training gradients" (physics.md §4 item 3).
 _DEFAULTS = {"limit_ke": 250.0, "limit_kd": 10.0, "angular_damping": 0.0}
+# `sim.engine` pins the simulator engine; absent = the chain engine for serial chains.
+ENGINES = ("chain", "newton")
 
 
 class SimSetupError(UserError, ValueError):
@@ -42,16 +45,24 @@ class SimSettings:
     limit_ke: float  # joint-limit penalty stiffness [N*m/rad or N/m]
     limit_kd: float  # joint-limit penalty damping [N*m*s/rad or N*s/m]
     angular_damping: float  # Featherstone's body angular damping; 0 = no MuJoCo counterpart
+    engine: str | None = None  # "chain" | "newton" pinned by the YAML; None = automatic
 
 
 def sim_settings(platform: Platform) -> SimSettings:
     """Read the platform's ``sim:`` section, filling in the documented defaults."""
     raw = dict(platform.sim)
-    unknown = sorted(set(raw) - set(_DEFAULTS))
+    known = [*_DEFAULTS, "engine"]
+    unknown = sorted(set(raw) - set(known))
     if unknown:
         raise SimSetupError(
             f"{platform.source or platform.name}: unknown key(s) {unknown} in section 'sim'; "
-            f"expected some of {sorted(_DEFAULTS)}"
+            f"expected some of {sorted(known)}"
+        )
+    engine = raw.pop("engine", None)
+    if engine is not None and engine not in ENGINES:
+        raise SimSetupError(
+            f"{platform.source or platform.name}: sim.engine must be one of {list(ENGINES)}, "
+            f"got {engine!r}"
         )
     values = {}
     for key, default in _DEFAULTS.items():
@@ -62,7 +73,7 @@ def sim_settings(platform: Platform) -> SimSettings:
                 f"got {v!r}"
             )
         values[key] = float(v)
-    return SimSettings(**values)
+    return SimSettings(**values, engine=engine)
 
 
 def _leaf(label: str) -> str:

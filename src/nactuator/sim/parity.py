@@ -13,7 +13,7 @@ import numpy as np
 
 from nactuator.platforms import Platform
 
-__all__ = ["mujoco_model", "mujoco_rollout"]
+__all__ = ["mujoco_control_step", "mujoco_model", "mujoco_rollout"]
 
 
 _INTEGRATORS = ("euler", "euler_explicit_damping", "rk4")
@@ -68,3 +68,20 @@ def mujoco_rollout(platform: Platform, q0: np.ndarray, qd0: np.ndarray, taus: np
             mujoco.mj_step(model, data)
         out[t] = data.qpos
     return out
+
+
+def mujoco_control_step(platform: Platform, q: np.ndarray, qd: np.ndarray, tau: np.ndarray,
+                        integrator: str = "euler_explicit_damping") -> tuple[np.ndarray,
+                                                                              np.ndarray]:
+    """One arm, one control step in float64: (q1, qd1) after ``platform.substeps`` substeps
+    under the effort ``tau`` (n,) from (q, qd)."""
+    import mujoco
+
+    model = mujoco_model(platform, integrator)
+    data = mujoco.MjData(model)
+    data.qpos[:] = q
+    data.qvel[:] = qd
+    data.qfrc_applied[:] = tau
+    for _ in range(platform.substeps):
+        mujoco.mj_step(model, data)
+    return data.qpos.copy(), data.qvel.copy()

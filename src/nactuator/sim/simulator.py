@@ -1,11 +1,19 @@
-"""The differentiable simulator of Contract 3: batched Featherstone steps as torch ops.
+"""The differentiable simulator of Contract 3: batched rigid-body steps as torch ops.
 
 One control step is one ``torch.autograd.Function``. Its forward runs the platform's
-substeps with no tape on two persistent ping-pong states; its backward replays that one
-step from the saved inputs under a fresh ``wp.Tape`` into a fixed set of recorded states,
-seeds the output gradients and reads the gradients of ``joint_f``, ``q`` and ``qd``
-(physics.md §5: constant memory in the horizon, gradients identical to keeping tapes).
-Torch runs between steps, so a network can close the loop on the simulated state.
+substeps without a tape; its backward replays that one step from the saved inputs and
+returns the gradients of the effort, ``q`` and ``qd`` (physics.md §5: constant memory in the
+horizon). Torch runs between steps, so a network can close the loop on the simulated state.
+
+Two engines implement the step (``Simulator(..., engine=...)``):
+
+- ``"chain"`` (:mod:`nactuator.sim.chain`): one Warp kernel per control step, one thread
+  per arm, the articulated-body algorithm for serial chains of revolute/prismatic joints.
+  The default for every model it can step (all shipped platforms).
+- ``"newton"`` (:mod:`nactuator.sim.newton_engine`): Newton's ``SolverFeatherstone`` with
+  our gradient fix. The reference, and the engine for tree-shaped models.
+
+``sim.engine`` in the platform YAML pins one; the ``engine`` argument overrides the YAML.
 """
 
 from __future__ import annotations
@@ -15,8 +23,17 @@ import warp as wp
 from newton.solvers import SolverFeatherstone
 
 from nactuator.platforms import Platform, load_platform
-from nactuator.sim.builder import body_index, build_model, joint_arrays, sim_settings
+from nactuator.sim.builder import (
+    ENGINES,
+    SimSetupError,
+    body_index,
+    build_model,
+    joint_arrays,
+    sim_settings,
+)
+from nactuator.sim.chain import ChainEngine, ChainGeometry, NotASerialChain, chain_geometry
 from nactuator.sim.kinematics import ChainKinematics
+from nactuator.sim.newton_engine import NewtonEngine
 from nactuator.sim.solver import GradientSafeFeatherstone
 from nactuator.sim.stability import check_stability
 
@@ -37,68 +54,9 @@ def _warp_device(device: torch.device) -> str:
     raise ValueError(f"device must be 'cpu' or 'cuda[:i]', got {str(device)!r}")
 
 
-def _flat(t: torch.Tensor) -> wp.array:
-    # A view, not a copy: wp.copy moves it into the solver's persistent arrays.
-    return wp.from_torch(t.detach().contiguous().reshape(-1))
-
-
-class _Engine:
-    """Newton model, solver and persistent states for one batch size."""
-
-    def __init__(self, platform: Platform, batch: int, device: str, solver_cls: type,
-                 angular_damping: float) -> None:
-        self.batch, self.n = batch, platform.n
-        self.substeps, self.dt = platform.substeps, platform.substep_dt
-        self.device = device
-        self.model = build_model(platform, batch, device)
-        self.solver = solver_cls(
-            self.model,
-            angular_damping=angular_damping,
-            update_mass_matrix_interval=1,
-            use_tile_gemm=False,
-        )
-        self.ping_pong = [self.model.state(requires_grad=False) for _ in range(2)]
-        self.control = self.model.control(requires_grad=False)
-        self.recorded = [self.model.state(requires_grad=True) for _ in range(self.substeps + 1)]
-        self.recorded_control = self.model.control(requires_grad=True)
-
-    def _shape(self, a: wp.array) -> torch.Tensor:
-        return wp.to_torch(a).reshape(self.batch, self.n).clone()
-
-    def forward(self, tau: torch.Tensor, q: torch.Tensor, qd: torch.Tensor):
-        a, b = self.ping_pong
-        wp.copy(a.joint_q, _flat(q))
-        wp.copy(a.joint_qd, _flat(qd))
-        wp.copy(self.control.joint_f, _flat(tau))
-        for _ in range(self.substeps):
-            self.solver.step(a, b, self.control, None, self.dt)
-            a, b = b, a
-        return self._shape(a.joint_q), self._shape(a.joint_qd)
-
-    def backward(self, tau, q, qd, grad_q, grad_qd):
-        states, control = self.recorded, self.recorded_control
-        wp.copy(states[0].joint_q, _flat(q))
-        wp.copy(states[0].joint_qd, _flat(qd))
-        wp.copy(control.joint_f, _flat(tau))
-        tape = wp.Tape()
-        with tape:
-            for i in range(self.substeps):
-                self.solver.step(states[i], states[i + 1], control, None, self.dt)
-        # The states own their .grad buffers, so backward copies the seeds into them.
-        tape.backward(grads={states[-1].joint_q: _flat(grad_q),
-                             states[-1].joint_qd: _flat(grad_qd)})
-        grads = (
-            self._shape(control.joint_f.grad),
-            self._shape(states[0].joint_q.grad),
-            self._shape(states[0].joint_qd.grad),
-        )
-        tape.zero()
-        return grads
-
-
 class _StepFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, engine: _Engine, stream_scope, tau, q, qd):
+    def forward(ctx, engine, stream_scope, tau, q, qd):
         with stream_scope():
             q1, qd1 = engine.forward(tau, q, qd)
         ctx.engine, ctx.stream_scope = engine, stream_scope
@@ -116,30 +74,33 @@ class _StepFunction(torch.autograd.Function):
 class Simulator:
     """Batched differentiable simulator of one platform (Contract 3).
 
-    ``Simulator("so101")`` or ``Simulator(platform, device="cuda")``. States and efforts are
-    (B, n) float32 tensors on ``device`` in the platform's channel order; any B works (the
-    Newton model for each B is built on first use and cached). ``gradient_fix=False`` runs
-    the stock solver, whose multi-substep gradients are wrong; it exists to demonstrate that.
+    ``Simulator("so101")`` or ``Simulator(platform, device="cuda", engine="newton")``.
+    States and efforts are (B, n) float32 tensors on ``device`` in the platform's channel
+    order; any B works. ``engine`` is ``"chain"`` or ``"newton"`` (default: the platform's
+    ``sim.engine``, else ``"chain"`` for a serial chain and ``"newton"`` otherwise);
+    ``self.engine`` says which one runs. ``gradient_fix=False`` runs Newton's stock solver,
+    whose multi-substep gradients are wrong; it exists to demonstrate that (Newton only).
     """
 
     def __init__(self, platform: Platform | str, device: str = "cpu", *,
-                 gradient_fix: bool = True) -> None:
+                 engine: str | None = None, gradient_fix: bool = True) -> None:
         if isinstance(platform, str):
             platform = load_platform(platform)
         if not isinstance(platform, Platform):
             raise TypeError(f"platform must be a Platform or a platform name, got "
                             f"{type(platform).__name__}")
+        if engine is not None and engine not in ENGINES:
+            raise ValueError(f"engine must be one of {list(ENGINES)} or None, got {engine!r}")
         self.platform = platform
         self._wp_device = _warp_device(torch.device(device))
         # "cuda" and "cuda:0" compare unequal in torch: pin the index so input checks work.
         self.device = torch.device(self._wp_device)
         self.settings = sim_settings(platform)
-        self._solver_cls = GradientSafeFeatherstone if gradient_fix else SolverFeatherstone
-        self._engines: dict[int, _Engine] = {}
 
         reference = build_model(platform, 1, "cpu")
+        arrays = joint_arrays(reference, platform.n)
         kinematics = ChainKinematics(
-            joint_arrays(reference, platform.n),
+            arrays,
             kinds=[c.kind for c in platform.channels],
             armature=[c.armature for c in platform.channels],
             ee_body=body_index(reference, platform.end_effector.body),
@@ -147,22 +108,51 @@ class Simulator:
         )
         self.stability = check_stability(platform, kinematics, self.settings)
         self.kinematics = kinematics.to(self.device)
+        self.engine, geometry = self._choose_engine(engine, arrays, gradient_fix)
+        self._solver_cls = GradientSafeFeatherstone if gradient_fix else SolverFeatherstone
+        self._newton_engines: dict[int, NewtonEngine] = {}
+        self._chain: ChainEngine | None = None
+        if self.engine == "chain":
+            with wp.ScopedDevice(self._wp_device):
+                self._chain = ChainEngine(platform, geometry, self.settings, self._wp_device)
         as_tensor = lambda v: torch.tensor(v, dtype=torch.float32, device=self.device)  # noqa: E731
         # Effort bounds (n,) on `device`, in N*m or N per channel: what `step` clips to.
         self.effort_min = as_tensor(platform.effort_min)
         self.effort_max = as_tensor(platform.effort_max)
         self._velocity_limit = float(platform.velocity_limit)
 
+    def _choose_engine(self, requested: str | None, arrays,
+                       gradient_fix: bool) -> tuple[str, ChainGeometry | None]:
+        """The engine to run (argument, else ``sim.engine``, else chain where possible) and,
+        for a serial chain, its geometry."""
+        where = self.platform.source or self.platform.name
+        try:
+            geometry, error = chain_geometry(arrays, where), None
+        except NotASerialChain as e:
+            geometry, error = None, e
+        engine = requested or self.settings.engine or ("chain" if error is None else "newton")
+        if engine == "chain":
+            if error is not None:
+                how = "requested" if requested else "pinned by sim.engine"
+                raise SimSetupError(f"engine 'chain' {how}, but {error}") from error
+            if not gradient_fix:
+                raise ValueError("gradient_fix=False selects Newton's stock solver; it needs "
+                                 "engine='newton' (the chain engine has no such variant)")
+        return engine, geometry
+
     @property
     def n(self) -> int:
         return self.platform.n
 
-    def _engine(self, batch: int) -> _Engine:
-        if batch not in self._engines:
+    def _engine(self, batch: int) -> ChainEngine | NewtonEngine:
+        if self._chain is not None:
+            return self._chain
+        if batch not in self._newton_engines:
             with wp.ScopedDevice(self._wp_device):
-                self._engines[batch] = _Engine(self.platform, batch, self._wp_device,
-                                               self._solver_cls, self.settings.angular_damping)
-        return self._engines[batch]
+                self._newton_engines[batch] = NewtonEngine(
+                    self.platform, batch, self._wp_device, self._solver_cls,
+                    self.settings.angular_damping)
+        return self._newton_engines[batch]
 
     def _stream_scope(self):
         if self.device.type == "cuda":
@@ -182,9 +172,18 @@ class Simulator:
             raise ValueError(f"{name} must have shape {what}, got {tuple(x.shape)}")
         if x.device != self.device:
             raise ValueError(f"{name} is on {x.device}, the simulator is on {self.device}")
-        if not bool(torch.isfinite(x).all()):
-            bad = (~torch.isfinite(x)).nonzero()[0].tolist()
-            raise ValueError(f"{name} contains NaN or inf (first at index {tuple(bad)})")
+
+    @staticmethod
+    def _check_finite(**tensors: torch.Tensor) -> None:
+        # One reduction for all inputs on the fast path: a NaN or inf anywhere makes the sum
+        # non-finite (so does a float32 overflow, which then just costs the detailed pass).
+        total = sum(x.detach().sum() for x in tensors.values())
+        if bool(torch.isfinite(total)):
+            return
+        for name, x in tensors.items():
+            if not bool(torch.isfinite(x).all()):
+                bad = (~torch.isfinite(x)).nonzero()[0].tolist()
+                raise ValueError(f"{name} contains NaN or inf (first at index {tuple(bad)})")
 
     def _batch_of(self, q) -> int:
         if isinstance(q, torch.Tensor) and q.ndim >= 1 and q.shape[0] >= 1:
@@ -207,9 +206,13 @@ class Simulator:
         self._check("q", q, (batch, n), what)
         self._check("qd", qd, (batch, n), what)
         self._check("tau", tau, (batch, n), what)
+        if f_ext is None:
+            self._check_finite(q=q, qd=qd, tau=tau)
+        else:
+            self._check("f_ext", f_ext, (batch, 3), f"(B, 3) = ({batch}, 3)")
+            self._check_finite(q=q, qd=qd, tau=tau, f_ext=f_ext)
         effort = torch.clamp(tau, self.effort_min, self.effort_max)
         if f_ext is not None:
-            self._check("f_ext", f_ext, (batch, 3), f"(B, 3) = ({batch}, 3)")
             effort = effort + torch.einsum("bkn,bk->bn", self.kinematics.ee_jacobian(q), f_ext)
         q1, qd1 = _StepFunction.apply(self._engine(batch), self._stream_scope, effort, q, qd)
         return q1, torch.clamp(qd1, -self._velocity_limit, self._velocity_limit)
