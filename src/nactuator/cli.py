@@ -66,7 +66,8 @@ def _train(a: argparse.Namespace, rest: list[str]) -> int:
 def _eval(a: argparse.Namespace) -> int:
     from nactuator.eval import evaluate
 
-    print(evaluate(a.ckpt, a.data, split=a.split, out=a.out, device=a.device))
+    print(evaluate(a.ckpt, a.data, split=a.split, out=a.out, device=a.device,
+                   baselines=a.baselines, baselines_config=a.baselines_config))
     return 0
 
 
@@ -174,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--split", default="test")
     s.add_argument("--out", required=True)
     s.add_argument("--device", default="cpu")
+    s.add_argument("--baselines", default=None, metavar="all|none|NAME[,NAME...]",
+                   help="add classical baselines fitted on the train split as table rows: "
+                   "id-linear, id-friction, gmo, gmo-friction, threshold, svm, random-forest")
+    s.add_argument("--baselines-config", default=None, metavar="YAML",
+                   help="partial YAML merged onto conf/eval/baselines.yaml")
     s.set_defaults(func=_eval)
 
     s = sub.add_parser("infer", help="causal force/gate/condition from telemetry (no simulator)")

@@ -50,6 +50,24 @@ def _linear_reference(data, platform, window: int) -> tuple[LinearForceReference
                  "train_frames": ref.train_frames}
 
 
+def _baselines(names, settings, data, split, platform, episodes, per_episode, rollouts,
+               actuator, meta, horizons) -> dict:
+    """Fit the classical baselines on the train split and add their rows (in place) to
+    ``per_episode``; the model is scored on the recorded state (causal) beside them."""
+    from nactuator.eval.baselines import fit_baselines, score_baselines
+    from nactuator.eval.infer import predict_episodes
+
+    t0 = time.perf_counter()
+    fitted = fit_baselines(load_episodes(data, platform, "train"), platform, names, settings)
+    # The deployment path's input: raw telemetry through a trailing temperature median.
+    causal_input = [filter_temperature(ep, temperature_window(meta), causal=True)
+                    for ep in load_episodes(data, platform, split)]
+    causal = predict_episodes(actuator, causal_input)
+    condition = score_baselines(fitted, episodes, per_episode, horizons, rollouts, causal)
+    return {"methods": list(names), "fit": fitted.info, "condition": condition,
+            "wall_time_s": time.perf_counter() - t0}
+
+
 def _group(per_episode: list[dict], tasks: set[str]) -> dict | None:
     chosen = [e for e in per_episode if e["task"] in tasks]
     return M.aggregate(chosen) if chosen else None
@@ -57,13 +75,22 @@ def _group(per_episode: list[dict], tasks: set[str]) -> dict | None:
 
 def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
              split: str = "test", out: str | os.PathLike = "eval", device: str = "cpu",
-             horizons: Sequence[int] = M.HORIZONS) -> str:
+             horizons: Sequence[int] = M.HORIZONS,
+             baselines: str | Sequence[str] | None = None,
+             baselines_config: str | os.PathLike | None = None) -> str:
     """Run the published protocol on every episode of ``split``; returns ``metrics.md``.
 
     Writes ``metrics.json`` (every per-episode, per-task and mean figure), ``metrics.md``
-    and PNG plots into ``out``. Raises :class:`EvalDataError` for data that cannot be
-    evaluated with this checkpoint (other platform, a missing input channel, empty split).
+    and PNG plots into ``out``. ``baselines`` (``"all"`` or e.g. ``"id-linear,gmo,svm"``)
+    adds the classical baselines, fitted on the train split of ``data``, as rows of the
+    same tables (``nactuator.eval.baselines``; ``baselines_config`` is a partial YAML merged
+    onto ``conf/eval/baselines.yaml``). Raises :class:`EvalDataError` for data that cannot
+    be evaluated with this checkpoint (other platform, a missing input channel, empty split).
     """
+    from nactuator.eval.baselines import load_settings, parse_baselines
+
+    baseline_names = parse_baselines(baselines)
+    baseline_settings = load_settings(baselines_config) if baseline_names else None
     from nactuator.sim import Simulator
 
     t0 = time.perf_counter()
@@ -93,6 +120,10 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     for (path, ep), ro in zip(sources, rollouts, strict=True):
         scores = score_episode(ep, ro, scales, linear, horizons)
         per_episode.append({"dataset": str(path), **scores})
+    baseline_result = None
+    if baseline_names:
+        baseline_result = _baselines(baseline_names, baseline_settings, data, split, platform,
+                                     episodes, per_episode, rollouts, actuator, meta, horizons)
     quiet_tasks = {e.task for e in episodes} - {e.task for e in episodes if not is_no_contact(e)}
     aggregate = {
         "all": M.aggregate(per_episode),
@@ -133,6 +164,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
         "references": {"command_following": {"definition": "q[i+1] predicted as q_cmd[i]"},
                        "linear_regression": linear_info},
         "temperature_median": window,
+        **({"baselines": baseline_result} if baseline_result is not None else {}),
         "notes": notes,
         "aggregate": aggregate,
         "per_episode": per_episode,
