@@ -68,7 +68,8 @@ def _eval(a: argparse.Namespace) -> int:
     from nactuator.eval import evaluate
 
     cv = None if a.cv_folds is None else (a.cv_folds, a.cv_fold)
-    print(evaluate(a.ckpt, a.data, split=a.split, out=a.out, device=a.device, cv=cv))
+    print(evaluate(a.ckpt, a.data, split=a.split, out=a.out, device=a.device, cv=cv,
+                   baselines=a.baselines, baselines_config=a.baselines_config))
     return 0
 
 
@@ -230,6 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cv-folds", type=int, default=None,
                    help="evaluate with the splits of a cross-validation fold (see `cv`)")
     s.add_argument("--cv-fold", type=int, default=0, help="which fold (0-based)")
+    s.add_argument("--baselines", default=None, metavar="all|none|NAME[,NAME...]",
+                   help="add classical baselines fitted on the train split as table rows: "
+                   "id-linear, id-friction, gmo, gmo-friction, threshold, svm, random-forest")
+    s.add_argument("--baselines-config", default=None, metavar="YAML",
+                   help="partial YAML merged onto conf/eval/baselines.yaml")
     s.set_defaults(func=_eval)
 
     s = sub.add_parser("cv", help="k-fold cross-validation by trajectory of a training "

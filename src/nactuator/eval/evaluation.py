@@ -53,6 +53,20 @@ def _linear_reference(data, platform, window: int,
                  "train_frames": ref.train_frames}
 
 
+def _baselines(names, settings, data, platform, episodes, per_episode, rollouts, causal,
+               horizons, cv) -> dict:
+    """Fit the classical baselines on the train split and add their rows (in place) to
+    ``per_episode``, beside the model's rollout and causal (recorded-state) rows."""
+    from nactuator.eval.baselines import fit_baselines, score_baselines
+
+    t0 = time.perf_counter()
+    fitted = fit_baselines(load_episodes(data, platform, "train", cv), platform, names,
+                           settings)
+    condition = score_baselines(fitted, episodes, per_episode, horizons, rollouts, causal)
+    return {"methods": list(names), "fit": fitted.info, "condition": condition,
+            "wall_time_s": time.perf_counter() - t0}
+
+
 def _group(per_episode: list[dict], tasks: set[str]) -> dict | None:
     chosen = [e for e in per_episode if e["task"] in tasks]
     return M.aggregate(chosen) if chosen else None
@@ -60,16 +74,25 @@ def _group(per_episode: list[dict], tasks: set[str]) -> dict | None:
 
 def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
              split: str = "test", out: str | os.PathLike = "eval", device: str = "cpu",
-             horizons: Sequence[int] = M.HORIZONS, cv: tuple[int, int] | None = None) -> str:
+             horizons: Sequence[int] = M.HORIZONS, cv: tuple[int, int] | None = None,
+             baselines: str | Sequence[str] | None = None,
+             baselines_config: str | os.PathLike | None = None) -> str:
     """Run the published protocol on every episode of ``split``; returns ``metrics.md``.
 
     Writes ``metrics.json`` (every per-episode, per-task and mean figure), ``metrics.md``
     and PNG plots into ``out``. ``cv = (folds, fold)`` evaluates with the splits of that
-    cross-validation fold (its held-out runs are ``split="test"``). Raises
+    cross-validation fold (its held-out runs are ``split="test"``). ``baselines`` (``"all"``
+    or e.g. ``"id-linear,gmo,svm"``) adds the classical baselines, fitted on the train split
+    of ``data``, as rows of the same tables (``nactuator.eval.baselines``;
+    ``baselines_config`` is a partial YAML merged onto ``conf/eval/baselines.yaml``). Raises
     :class:`EvalDataError` for data that cannot be evaluated with this checkpoint (other
     platform, a missing input channel, empty split).
     """
+    from nactuator.eval.baselines import load_settings, parse_baselines
     from nactuator.sim import Simulator
+
+    baseline_names = parse_baselines(baselines)
+    baseline_settings = load_settings(baselines_config) if baseline_names else None
 
     t0 = time.perf_counter()
     out = Path(out)
@@ -101,6 +124,10 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     for (path, ep), ro, live in zip(sources, rollouts, causal, strict=True):
         scores = score_episode(ep, ro, scales, linear, horizons, causal=live)
         per_episode.append({"dataset": str(path), **scores})
+    baseline_result = None
+    if baseline_names:
+        baseline_result = _baselines(baseline_names, baseline_settings, data, platform,
+                                     episodes, per_episode, rollouts, causal, horizons, cv)
     quiet_tasks = {e.task for e in episodes} - {e.task for e in episodes if not is_no_contact(e)}
     aggregate = {
         "all": M.aggregate(per_episode),
@@ -144,6 +171,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
                                         "temperature filter: the `infer`/`live` path"},
                        "linear_regression": linear_info},
         "temperature_median": window,
+        **({"baselines": baseline_result} if baseline_result is not None else {}),
         "notes": notes,
         "aggregate": aggregate,
         "per_episode": per_episode,

@@ -5,13 +5,22 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-__all__ = ["markdown_report"]
+__all__ = ["baseline_report", "markdown_report"]
 
 _METHOD_NAMES = {
     "model": "model",
-    "model_causal": "model, causal (recorded state: infer/live)",
     "command_following": "command following (q = goal)",
     "linear_regression": "linear regression (train split)",
+    # classical baselines (eval/baselines) and the model beside them on the recorded state
+    "model_causal": "model (causal, recorded state)",
+    "model_rollout": "model (rollout)",
+    "id-linear": "ID-Linear (classical)",
+    "id-friction": "ID-Friction (classical)",
+    "gmo": "momentum observer (classical)",
+    "gmo-friction": "momentum observer + friction (classical)",
+    "threshold": "threshold on mean \\|effort\\| (classical)",
+    "svm": "SVM-RBF (classical)",
+    "random-forest": "random forest (classical)",
 }
 
 
@@ -177,4 +186,88 @@ def markdown_report(result: Mapping) -> str:
     lines += _table(["task", "episodes", "steps", "model arm MAE (deg)",
                      "command following (deg)", "model force MAE (N)", "linear force MAE (N)"],
                     rows)
+    if result.get("baselines"):
+        lines += [""] + baseline_report(result)
     return "\n".join(lines) + "\n"
+
+
+def _nc_cells(m: Mapping | None) -> list[str]:
+    if not m or not m.get("frames"):
+        return ["—", "—", "—"]
+    return [str(m["frames"]), _pct(m["false_contact_rate"]), _num(m["mean_force_norm"], 3)]
+
+
+def baseline_report(result: Mapping) -> list[str]:
+    """The "Classical baselines" section: fits, contact decisions and condition windows.
+
+    Their force rows sit in the force tables above (same protocol, same labels)."""
+    b = result["baselines"]
+    fit = b["fit"]
+    names = [c["name"] for c in result["channels"]]
+    agg = result["aggregate"]
+    lines = ["## Classical baselines (fitted on the train split, recorded state, causal)", ""]
+    lines.append(f"- methods: {', '.join(b['methods'])}; settings `{fit.get('settings')}`; "
+                 f"{fit.get('train_episodes')} train episode(s); fit and scoring "
+                 f"{b['wall_time_s']:.1f} s")
+    for m in b["methods"]:
+        if "unavailable" in fit.get(m, {}):
+            lines.append(f"- {_METHOD_NAMES.get(m, m)}: unavailable ({fit[m]['unavailable']})")
+    force = fit.get("force")
+    if force:
+        lines.append(f"- force rows in the tables above: f = (J_v^T)^+ tau_ext over "
+                     f"{', '.join(force['arm_channels'])} (damping {force['damping']:g} m); "
+                     f"contact when \\|f̂\\| > {force['contact_threshold_n']:g} N; "
+                     f"armature {', '.join(f'{a:g}' for a in fit['armature'])}")
+    cal = fit.get("calibration")
+    if cal:
+        fr = fit.get("friction", {}).get("joints", {})
+        lines += ["", f"### Current-to-torque calibration ({cal['frames']} free-motion frames)",
+                  ""]
+        rows = []
+        for c in names:
+            j = cal["joints"][c]
+            f = fr.get(c)
+            rows.append([c, _num(j["kt"], 3), _num(j["bias"], 3), _num(j["correlation"], 2),
+                         j["mode"], _num(j["rms"], 3)]
+                        + ([_num(f["kt"], 3), _num(f["bias"], 3), _num(f["coulomb"], 3),
+                            _num(f["viscous"], 3), _num(f["stribeck"], 3),
+                            _num(f["stribeck_velocity"], 2), _num(f["deadzone"], 3),
+                            _num(f["rms"], 3)] if f else ["—"] * 8))
+        lines += _table(["joint", "Kt", "b", "r(u, tau_ID)", "fit", "residual RMS",
+                         "friction: Kt", "b", "Fc", "Fv", "Fs", "vs", "dead zone",
+                         "residual RMS"], rows)
+    mean = agg["all"]["mean"].get("baselines", {})
+    methods = [m for m in (*b["methods"], "model_causal")
+               if m in mean.get("no_contact_frames", {})]
+    if methods:
+        quiet = agg.get("no_contact", {}) or {}
+        runs = quiet.get("mean", {}).get("baselines", {}).get("no_contact_run", {}) \
+            if quiet else {}
+        lines += ["", "### No contact: false-contact rate and mean \\|f̂\\| (mean over tasks)",
+                  "", "Classical methods call contact when \\|f̂\\| exceeds the threshold "
+                  "above; the model when its gate > 0.5.", ""]
+        rows = []
+        for m in methods:
+            rows.append([_METHOD_NAMES.get(m, m)]
+                        + _nc_cells(mean.get("no_contact_frames", {}).get(m))
+                        + _nc_cells(runs.get(m))
+                        + _nc_cells(mean.get("unlabelled_frames", {}).get(m)))
+        lines += _table(["method", "no-contact frames", "false contacts", "mean \\|f̂\\| (N)",
+                         "no-contact runs", "false contacts", "mean \\|f̂\\| (N)",
+                         "unlabelled frames", "false contacts", "mean \\|f̂\\| (N)"], rows)
+    cond = b.get("condition") or {}
+    if "unavailable" in cond:
+        lines += ["", f"Condition baselines: unavailable ({cond['unavailable']})."]
+    elif cond.get("methods"):
+        info = fit.get("condition", {})
+        lines += ["", f"### Motor condition per window ({info.get('window')} frames, stride "
+                      f"{info.get('stride')}; channels {', '.join(info.get('channels', []))}; "
+                      f"pooled over the split's windows)", ""]
+        rows = [_binary_rows(_METHOD_NAMES.get(m, m), v) for m, v in cond["methods"].items()]
+        lines += _table(["method", "windows", "degraded", "accuracy", "precision", "recall",
+                         "F1", "AUC"], rows)
+        lines.append("")
+        lines.append(f"Trained on {info.get('train_windows')} train windows "
+                     f"({info.get('train_positives')} degraded). The model's window score is "
+                     "the mean of 1 − c over the window's frames.")
+    return lines
