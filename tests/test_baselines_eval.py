@@ -116,6 +116,7 @@ def test_eval_without_baselines_is_unchanged_and_bad_names_fail_early(case):
     evaluate(case["ckpt"], case["data"], split="test", out=out)
     m = json.loads((out / "metrics.json").read_text())
     assert "baselines" not in m
-    assert set(m["aggregate"]["all"]["mean"]["force"]) == {"model", "linear_regression"}
+    assert set(m["aggregate"]["all"]["mean"]["force"]) == {"model", "model_causal",
+                                                         "linear_regression"}
     with pytest.raises(EvalDataError, match="unknown baseline"):
         evaluate(case["ckpt"], case["data"], split="test", out=out, baselines="gmo,lstm")
