@@ -70,6 +70,30 @@ def resolve_model_config(
     return config
 
 
+def physics_inputs(model_config: dict[str, Any]) -> list[str]:
+    """Window keys the model config's physics actuator reads (none without one)."""
+    from nactuator.models.physics import PHYSICS
+
+    physics = model_config.get("physics")
+    kind = physics.get("kind") if isinstance(physics, dict) else None
+    return list(PHYSICS[kind].inputs) if kind in PHYSICS else []
+
+
+def firmware_config(platform: Platform, features: list[str],
+                    model_config: dict[str, Any]) -> dict[str, Any]:
+    """``{"firmware": ...}`` from the platform's ``hardware.firmware`` when the model needs
+    the servo's position law (the ``duty`` feature group or a ``physics`` actuator), else {}
+    (counterfactual models, docs/counterfactual.md)."""
+    needs = "duty" in features or "physics" in model_config
+    if not needs or "firmware" in model_config:
+        return {}
+    firmware = platform.hardware.get("firmware")
+    if firmware is None:
+        raise ValueError(f"the model's commanded-duty feature / physics actuator needs the "
+                         f"servo firmware law, but {platform.source} has no hardware.firmware")
+    return {"firmware": dict(firmware)}
+
+
 class NeuralActuatorModule(L.LightningModule):
     """Rollout training of a :class:`~nactuator.models.NeuralActuator` for one platform.
 
@@ -93,6 +117,9 @@ class NeuralActuatorModule(L.LightningModule):
             state during training (rad or m, rad/s or m/s), for robustness to the
             imperfect initial state of a deployed rollout.
         sim_device: simulator device; default: follow the module's device.
+        physics_lr: learning rate of a physics actuator's parameters (``model_sizes.physics``,
+            docs/counterfactual.md; no weight decay), default ``lr``: a handful of log-scale
+            physical constants take larger steps than the network's weights.
     """
 
     def __init__(
@@ -115,6 +142,7 @@ class NeuralActuatorModule(L.LightningModule):
         init_noise_q: float = 0.0,
         init_noise_qd: float = 0.0,
         sim_device: str | None = None,
+        physics_lr: float | None = None,
     ) -> None:
         super().__init__()
         self.platform: Platform = load_platform(platform)
@@ -124,12 +152,16 @@ class NeuralActuatorModule(L.LightningModule):
             raise ValueError(f"window_length must be >= 1, got {window_length}")
         self.window_length = window_length
         self.model_config = resolve_model_config(arch, window_length, width, depth, model_sizes)
+        self.model_config.update(firmware_config(self.platform, self.features,
+                                                 self.model_config))
         self.loss_weights = loss if loss is not None else LossWeights()
         if lr <= 0 or warmup_steps < 0 or not 0 <= min_lr_ratio <= 1:
             raise ValueError(
                 f"need lr > 0, warmup_steps >= 0 and 0 <= min_lr_ratio <= 1, got lr={lr}, "
                 f"warmup_steps={warmup_steps}, min_lr_ratio={min_lr_ratio}"
             )
+        if physics_lr is not None and not physics_lr > 0:
+            raise ValueError(f"physics_lr must be > 0 (or None: lr), got {physics_lr!r}")
         if init_noise_q < 0 or init_noise_qd < 0:
             raise ValueError(
                 f"initial-state noise must be >= 0, got q {init_noise_q}, qd {init_noise_qd}"
@@ -195,13 +227,18 @@ class NeuralActuatorModule(L.LightningModule):
         unrecorded = getattr(datamodule, "unrecorded_channels", None)
         if unrecorded is None:
             return
-        needed = window_channels(self.features)
+        needed = window_channels(self.features) + physics_inputs(self.model_config)
         for path, missing_by_key in unrecorded().items():
             for key in needed:
                 missing = missing_by_key.get(key)
                 if not missing:
                     continue
                 groups = [g for g in self.features if key in window_channels([g])]
+                if not groups:  # read by the physics actuator
+                    raise ValueError(
+                        f"{path}: the dataset has no {key!r} for channel(s) {missing} (for "
+                        f"every episode), which the model's physics actuator needs "
+                        f"(docs/counterfactual.md)")
                 keep = [g for g in self.features if g not in groups]
                 raise ValueError(
                     f"{path}: the dataset has no recorded {key!r} for channel(s) {missing}, "
@@ -345,9 +382,15 @@ class NeuralActuatorModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict:
         hp = self.hparams
+        params: Any = self.actuator.parameters()
+        physics = getattr(self.actuator, "physics", None)
+        if hp.get("physics_lr") is not None and physics is not None:
+            own = {id(p) for p in physics.parameters()}
+            params = [{"params": [p for p in self.actuator.parameters() if id(p) not in own]},
+                      {"params": list(physics.parameters()), "lr": hp.physics_lr,
+                       "weight_decay": 0.0}]
         optimizer = torch.optim.AdamW(
-            self.actuator.parameters(), lr=hp.lr, weight_decay=hp.weight_decay,
-            betas=tuple(hp.betas),
+            params, lr=hp.lr, weight_decay=hp.weight_decay, betas=tuple(hp.betas),
         )
         total = hp.lr_total_steps or self.trainer.estimated_stepping_batches
         total = max(int(total) if math.isfinite(total) else 10**9, 1)
