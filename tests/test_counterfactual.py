@@ -196,14 +196,15 @@ def test_plan_lowers_the_tracking_error_of_the_model(tmp_path, sims):
     torch.manual_seed(0)
     model = NeuralActuator(list(COUNTERFACTUAL_FEATURES), 1, stats,
                            {**MLP, "firmware": FIRMWARE, "physics": {"kind": "dc_motor"}})
-    exo = {"kp": np.array([200.0]), "supply_voltage": np.array([7.4])}
+    exo = {"kp": np.array([200.0]), "supply_voltage": np.array([7.4]),
+           "initial_temperature": np.array([30.0])}
     result = optimise_commands(model, sims["pendulum"], target, exo, iterations=30, lr=0.05)
     assert result.model_mae_plan < 0.5 * result.model_mae_naive
     # Through the CLI function: a CSV target, a checkpoint, files written.
     ckpt = save_bundle(bundle_to_dict(model, "pendulum"), tmp_path / "cf.pt")
     pd.DataFrame({"time": t, "pendulum": target[:, 0]}).to_csv(tmp_path / "t.csv", index=False)
     text = plan(ckpt, tmp_path / "t.csv", out=tmp_path / "plan", iterations=3, kp=200,
-                supply_voltage=7.4)
+                supply_voltage=7.4, temperature=30.0)
     assert "optimised commands" in text
     commands = pd.read_csv(tmp_path / "plan" / "commands.csv")
     assert list(commands.columns) == ["time", "pendulum"] and len(commands) == len(t)

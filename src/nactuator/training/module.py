@@ -76,7 +76,10 @@ def physics_inputs(model_config: dict[str, Any]) -> list[str]:
 
     physics = model_config.get("physics")
     kind = physics.get("kind") if isinstance(physics, dict) else None
-    return list(PHYSICS[kind].inputs) if kind in PHYSICS else []
+    if kind not in PHYSICS:
+        return []
+    skip = {"initial_temperature"} if physics.get("temperature") is False else set()
+    return [k for k in PHYSICS[kind].inputs if k not in skip]
 
 
 def firmware_config(platform: Platform, features: list[str],
