@@ -13,7 +13,7 @@ import torch
 from nactuator.data import read_dataset
 from nactuator.data.commands import command_channels
 from nactuator.data.importers import import_bam, read_bam_log
-from nactuator.eval.bam import BENCH_SPLITS, bam_mae, score_bam
+from nactuator.eval.bam import BENCH_SPLITS, BenchError, bam_mae, bench_bam, score_bam
 from nactuator.models import NeuralActuator, bundle_to_dict, load_actuator, save_bundle
 from nactuator.models.features import COUNTERFACTUAL_FEATURES, DEFAULT_FEATURES
 from nactuator.models.firmware import FirmwareLaw
@@ -180,6 +180,14 @@ def test_score_bam_reports_ours_beside_the_anchors(kp800, tmp_path):
     tele = save_bundle(bundle_to_dict(telemetry, "pendulum"), tmp_path / "tele.pt")
     with pytest.raises(Exception, match="recorded telemetry"):
         score_bam(tele, kp800, tmp_path / "out2")
+
+
+def test_bench_refuses_data_not_imported_on_bams_grid(bam_dir, tmp_path):
+    """A reused <out>/data imported with the platform's default grid would score against
+    shifted samples: refused, naming the episode."""
+    import_bam(bam_dir / "xl330" / "raw" / KP800[0], tmp_path / "out" / "data")
+    with pytest.raises(BenchError, match="not the bench's import"):
+        bench_bam(bam_dir / "xl330" / "raw", tmp_path / "out", ckpt="unused.ckpt")
 
 
 # -------------------------------------------------------------------------------- plan

@@ -30,7 +30,7 @@ def _data_import_nad(a: argparse.Namespace) -> int:
 def _data_import_bam(a: argparse.Namespace) -> int:
     from nactuator.data.importers import import_bam
 
-    print(import_bam(a.src, a.out, allow_duplicates=a.allow_duplicates))
+    print(import_bam(a.src, a.out, allow_duplicates=a.allow_duplicates, grid=a.grid))
     return 0
 
 
@@ -213,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dataset folder to create or append to (NAD shards)")
     s.add_argument("--allow-duplicates", action="store_true",
                    help="import files whose content (sha256) is already in the dataset")
+    s.add_argument("--grid", default=None, choices=["first_sample", "bam"],
+                   help="time grid: first_sample (t0, t0 + 5 ms, ...; the platform default) "
+                        "or bam (BAM's processed grid from t = 0, for its scoring protocol)")
     s.set_defaults(func=_data_import_bam)
     s = dsub.add_parser("synth", help="generate data from a hidden ground-truth servo world")
     s.add_argument("--platform", required=True, help=PLATFORM_HELP)

@@ -180,6 +180,19 @@ def score_bam(ckpt: str | os.PathLike, data: str | os.PathLike, out: str | os.Pa
     return result
 
 
+def _check_bench_data(data: Path) -> None:
+    """A reused ``<out>/data`` must be the bench's import: BAM's grid and kp splits."""
+    from nactuator.data import read_dataset
+
+    for ep in read_dataset(data).episodes:
+        kp = ep.meta.get("kp")
+        if ep.meta.get("grid") != "bam" or BENCH_SPLITS.get(kp) != ep.split:
+            raise BenchError(
+                f"{data}: episode {ep.index} ({ep.meta.get('source')}, kp {kp}, split "
+                f"{ep.split}, grid {ep.meta.get('grid')}) is not the bench's import (BAM grid, "
+                f"splits {BENCH_SPLITS}); remove {data} or choose another --out")
+
+
 def _train(data: Path, root: Path, config: Path, extra: Sequence[str]) -> Path:
     """``nactuator fit`` with the bench config in a subprocess; returns its last.ckpt."""
     command = [sys.executable, "-m", "nactuator.cli", "fit", "--config", str(config),
@@ -211,6 +224,7 @@ def bench_bam(src: str | os.PathLike, out: str | os.PathLike, ckpt: str | None =
     data = out / "data"
     if not data.exists():
         print(import_bam(src, data, splits=BENCH_SPLITS, grid="bam"), flush=True)
+    _check_bench_data(data)
     if ckpt is None:
         config = Path(config) if config else conf_dir() / "bench" / "bam.yaml"
         ckpt = str(_train(data, out / "train", config, extra_args))
