@@ -241,3 +241,13 @@ def test_replayed_commands_drive_the_hidden_world():
     assert np.abs(logs["q"][0]).max() < 0.02
     assert np.abs(logs["q"][1, :11]).max() < 0.02 and logs["q"][1, -1, 0] > 0.25
     assert 6.0 < logs["voltage"][0, 0, 0] < 8.0
+
+
+def test_live_refuses_a_counterfactual_checkpoint(bam_log, tmp_path):
+    """The live loop streams telemetry, not the gain or the pre-motion supply: a clear
+    error before any port is opened."""
+    from nactuator.control.live import run_live
+
+    ckpt = save_bundle(bundle_to_dict(_actuators(bam_log[1])[0], "pendulum"), tmp_path / "c.pt")
+    with pytest.raises(ValueError, match="does not stream"):
+        run_live(ckpt, "pendulum", port=str(tmp_path / "no-such-port"), seconds=1.0)

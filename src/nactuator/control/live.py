@@ -46,6 +46,10 @@ def hold_last_valid(held: dict[str, np.ndarray], values: dict[str, np.ndarray],
         np.copyto(last, fresh, where=valid & np.isfinite(fresh))
 
 
+# What one live cycle provides to the model's window (LiveLoop.cycle).
+LIVE_CHANNELS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature")
+
+
 class LiveLoop:
     """One bus + one actuator; :meth:`cycle` does read -> infer -> write once."""
 
@@ -204,6 +208,11 @@ def run_live(ckpt: str | Path, platform: str | Platform, port: str,
     if actuator.n_motors != p.n:
         raise ValueError(f"{ckpt}: actuator has {actuator.n_motors} motors, platform "
                          f"{p.name!r} has {p.n} channels")
+    unread = [k for k in actuator.inputs if k not in LIVE_CHANNELS]
+    if unread:  # a counterfactual model (docs/counterfactual.md) is for rollouts and plans
+        raise ValueError(f"{ckpt}: the model reads {unread}, which the live loop does not "
+                         f"stream (it reads {list(LIVE_CHANNELS)}); use it with eval, "
+                         "bench-bam or plan")
     if threads is not None:
         torch.set_num_threads(threads)
     # SIGTERM ends the loop like Ctrl-C; leaving open_bus() switches torque off either way.
