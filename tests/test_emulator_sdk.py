@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import scservo_sdk as scs_sdk
 
-from nactuator.hardware import units
+from nactuator import servo_units as units
 from nactuator.hardware.bus import min_reply_timeout
 from nactuator.hardware.emulator import ArmState, Emulator, EmulatorError, Faults
 from nactuator.hardware.protocol import dxl2, scs
