@@ -374,11 +374,12 @@ class Emulator:
         while self._outbox and self._outbox[0][0] - self.SPIN_S <= time.perf_counter():
             due, reply = self._outbox.popleft()
             sleep_until(due)
+            # Counted before it is written: a client that has the reply sees it counted.
+            self.stats["replies"] += 1
             try:
                 os.write(self._master, reply)
             except OSError:
                 return False
-            self.stats["replies"] += 1
         return True
 
     def _fire_triggers(self, group_reads: int) -> None:
