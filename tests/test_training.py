@@ -494,3 +494,18 @@ def test_module_and_data_must_agree(so101_data, tmp_path):
         make_module(arch="cnn")
     with pytest.raises(ValueError, match="feature group"):
         make_module(features=["command", "vision"])
+
+
+def test_state_noise_perturbs_training_rollouts_only(so101_data):
+    dm = make_dm(so101_data)
+    module = built(make_module(state_noise_q=0.01, state_noise_qd=0.1), dm)
+    batch = first_batch(dm)
+    with torch.no_grad():
+        clean = module(batch).q
+        torch.manual_seed(0)
+        noisy = module(batch, noise=True).q
+    torch.testing.assert_close(module(batch).q, clean)  # validation path: deterministic
+    drift = (noisy[:, 1:] - clean[:, 1:]).abs()
+    assert drift.max() > 1e-3 and drift[:, -1].mean() > drift[:, 0].mean()  # a random walk
+    with pytest.raises(ValueError, match="state noise must be >= 0"):
+        make_module(state_noise_q=-1.0)
