@@ -68,15 +68,6 @@ def rollout(actuator, sim, episodes: Sequence[Episode], device: str = "cpu") -> 
     return [batch.episode(j, ep.length) for j, ep in enumerate(episodes)]
 
 
-def _force_block(pred: np.ndarray, label: np.ndarray, horizons) -> dict:
-    err = M.force_errors(pred, label)
-    mae = M.prefix_mae(err.mean(axis=1), horizons)
-    mae_z = M.prefix_mae(err[:, 2], horizons)
-    axes = M.prefix_mae(err, horizons)
-    return {k: {"mae": float(mae[k]), "mae_z": float(mae_z[k]), "mae_axes": axes[k].tolist()}
-            for k in mae}
-
-
 def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
                   linear: LinearForceReference | None = None,
                   horizons: Sequence[int] = M.HORIZONS,
@@ -98,13 +89,13 @@ def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
     # Force, gate and condition labels of the frames the steps are scored against.
     o = FORCE_LABEL_OFFSET
     f_label = force_labels(ep)[o:o + steps]
-    out["force"] = {"model": _force_block(ro.force, f_label, horizons)}
+    out["force"] = {"model": M.force_block(ro.force, f_label, horizons)}
     if causal is not None:
-        out["force"]["model_causal"] = _force_block(causal["force"][:steps], f_label, horizons)
+        out["force"]["model_causal"] = M.force_block(causal["force"][:steps], f_label, horizons)
     f_lin = None
     if linear is not None:
         f_lin = linear.predict(ep)[:steps]
-        out["force"]["linear_regression"] = _force_block(f_lin, f_label, horizons)
+        out["force"]["linear_regression"] = M.force_block(f_lin, f_label, horizons)
 
     labelled = np.isfinite(f_label).any(axis=1)
     magnitude = np.linalg.norm(np.nan_to_num(f_label, nan=0.0), axis=1)
