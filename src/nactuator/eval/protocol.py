@@ -68,6 +68,31 @@ def rollout(actuator, sim, episodes: Sequence[Episode], device: str = "cpu") -> 
     return [batch.episode(j, ep.length) for j, ep in enumerate(episodes)]
 
 
+G = 9.81  # m/s², the payload labels' gravity (NAD: f_z = -m g)
+
+
+def payload_estimates(ep: Episode, f_label: np.ndarray,
+                      estimates: dict[str, np.ndarray | None]) -> dict | None:
+    """The held payload read from the force: over the carry frames (a payload is recorded
+    and the force label's z is below -0.01 N), the mass each estimate implies
+    (-mean f_z / g, in grams) beside the label's, and the error."""
+    mass = ep.frames.get("payload_mass")
+    if mass is None:
+        return None
+    steps = len(f_label)
+    held = np.nan_to_num(np.asarray(mass, np.float64).reshape(-1)[:steps], nan=0.0) > 0
+    carry = held & (np.nan_to_num(f_label[:, 2], nan=0.0) < -M.CONTACT_THRESHOLD_N)
+    if not carry.any():
+        return None
+    true_g = float(-f_label[carry, 2].mean() / G * 1000.0)
+    out: dict = {"carry_frames": int(carry.sum()), "true_g": true_g}
+    for name, force in estimates.items():
+        if force is not None:
+            grams = float(-force[carry, 2].mean() / G * 1000.0)
+            out[name] = {"mass_g": grams, "abs_error_g": abs(grams - true_g)}
+    return out
+
+
 def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
                   linear: LinearForceReference | None = None,
                   horizons: Sequence[int] = M.HORIZONS,
@@ -96,6 +121,12 @@ def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
     if linear is not None:
         f_lin = linear.predict(ep)[:steps]
         out["force"]["linear_regression"] = M.force_block(f_lin, f_label, horizons)
+
+    payload = payload_estimates(ep, f_label, {"model": ro.force, "linear_regression": f_lin,
+                                              "model_causal": None if causal is None
+                                              else causal["force"][:steps]})
+    if payload is not None:
+        out["payload"] = payload
 
     labelled = np.isfinite(f_label).any(axis=1)
     magnitude = np.linalg.norm(np.nan_to_num(f_label, nan=0.0), axis=1)
