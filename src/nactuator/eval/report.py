@@ -143,6 +143,15 @@ def markdown_report(result: Mapping) -> str:
         lines += ["", f"## Force MAE — {title} (mean over tasks)", ""]
         lines += force_table(g["mean"]["force"])
 
+    payload = mean.get("payload")
+    if payload:
+        lines += ["", "## Payload read from the force during the carry (mean over tasks)", ""]
+        rows = [[_METHOD_NAMES.get(k, k), _num(v["mass_g"], 0), _num(v["abs_error_g"], 0)]
+                for k, v in payload.items() if isinstance(v, Mapping)]
+        lines += _table([f"method (true {_num(payload['true_g'], 0)} g, "
+                         f"{_num(payload['carry_frames'], 0)} frames)", "mass (g)",
+                         "\\|error\\| (g)"], rows)
+
     binary_rows = []
     if "gate" in mean:
         binary_rows.append(_binary_rows("contact gate (\\|f\\| > 0.01 N)", mean["gate"]))

@@ -119,6 +119,10 @@ class NeuralActuatorModule(L.LightningModule):
         init_noise_q, init_noise_qd: std of Gaussian noise added to the rollout's start
             state during training (rad or m, rad/s or m/s), for robustness to the
             imperfect initial state of a deployed rollout.
+        state_noise_q, state_noise_qd: std of Gaussian noise added to the simulated state
+            after every training rollout step (not in validation): the windows then show
+            the model states slightly off the recorded path, so it learns to steer back
+            instead of only replaying it (drift on long open-loop rollouts).
         sim_device: simulator device; default: follow the module's device.
         physics_lr: learning rate of a physics actuator's parameters (``model_sizes.physics``,
             docs/counterfactual.md; no weight decay), default ``lr``: a handful of log-scale
@@ -144,6 +148,8 @@ class NeuralActuatorModule(L.LightningModule):
         ema_decay: float = 0.999,
         init_noise_q: float = 0.0,
         init_noise_qd: float = 0.0,
+        state_noise_q: float = 0.0,
+        state_noise_qd: float = 0.0,
         sim_device: str | None = None,
         physics_lr: float | None = None,
     ) -> None:
@@ -165,9 +171,10 @@ class NeuralActuatorModule(L.LightningModule):
             )
         if physics_lr is not None and not physics_lr > 0:
             raise ValueError(f"physics_lr must be > 0 (or None: lr), got {physics_lr!r}")
-        if init_noise_q < 0 or init_noise_qd < 0:
+        if min(init_noise_q, init_noise_qd, state_noise_q, state_noise_qd) < 0:
             raise ValueError(
-                f"initial-state noise must be >= 0, got q {init_noise_q}, qd {init_noise_qd}"
+                f"state noise must be >= 0, got init q {init_noise_q}, qd {init_noise_qd}, "
+                f"per step q {state_noise_q}, qd {state_noise_qd}"
             )
         self.save_hyperparameters()
 
@@ -276,8 +283,15 @@ class NeuralActuatorModule(L.LightningModule):
             q0 = q0 + self.hparams.init_noise_q * torch.randn_like(q0)
         if noise and self.hparams.init_noise_qd > 0:
             qd0 = qd0 + self.hparams.init_noise_qd * torch.randn_like(qd0)
-        return closed_loop_rollout(self.actuator, self.simulator.step, batch,
-                                   self.window_length, q0=q0, qd0=qd0)
+        step = self.simulator.step
+        sigma_q, sigma_qd = self.hparams.state_noise_q, self.hparams.state_noise_qd
+        if noise and (sigma_q > 0 or sigma_qd > 0):
+            def step(q, qd, tau, _step=self.simulator.step):
+                q1, qd1 = _step(q, qd, tau)
+                return (q1 + sigma_q * torch.randn_like(q1),
+                        qd1 + sigma_qd * torch.randn_like(qd1))
+        return closed_loop_rollout(self.actuator, step, batch, self.window_length,
+                                   q0=q0, qd0=qd0)
 
     def _step_mask(self, r: Rollout, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, H) true on the steps that are scored: all of a segment; of a whole-episode
