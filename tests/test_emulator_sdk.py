@@ -290,7 +290,7 @@ def test_cli_emulator_prints_its_port_links_it_and_exits(tmp_path) -> None:
         port.closePort()
         assert (model, comm) == (777, scs_sdk.COMM_SUCCESS)
         proc.terminate()  # SIGTERM: stops like Ctrl-C, cleaning up
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=240) == 0
     finally:
         proc.kill()
     assert not link.exists()  # the symlink goes away with the emulator

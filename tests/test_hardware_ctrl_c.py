@@ -212,7 +212,7 @@ def run_once(server: ForkServer, tmp: Path, bus: str, platform: str, command: st
         signalled = not _gone(pid)
         if signalled:
             os.kill(pid, signum)
-        _wait(lambda: _gone(pid), 60, f"{tag} to exit")
+        _wait(lambda: _gone(pid), 240, f"{tag} to exit")  # generous: a loaded machine
         faults.corrupt_rate = faults.drop_rate = 0.0  # measure the servos, not the faults
         torque = read_torque(bus, follower.port, follower.ids)
     outcome = json.loads(result.read_text())["outcome"] if result.exists() else "killed"

@@ -39,10 +39,12 @@ def run_emulator(bus: str, platform: str, seed: int = 0, bus_timing: bool = Fals
     with emu:
         role = "leader" if leader else "follower"
         where = f"{emu.port} (link {Path(link).absolute()})" if link else emu.port
-        print(f"emulated {emu.platform.name} {role} on {bus} bus, servo ids {emu.ids}: {where}",
-              flush=True)
-        t_end = None if duration is None else time.monotonic() + duration
+        # The try opens before the port is announced: a client may connect and signal at
+        # once, before this thread has run another line (seen on a loaded machine).
         try:
+            print(f"emulated {emu.platform.name} {role} on {bus} bus, servo ids {emu.ids}: "
+                  f"{where}", flush=True)
+            t_end = None if duration is None else time.monotonic() + duration
             while (t_end is None or time.monotonic() < t_end) and emu.alive:
                 time.sleep(0.1)
         except KeyboardInterrupt:
