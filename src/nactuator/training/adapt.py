@@ -345,7 +345,7 @@ def markdown_report(result: dict[str, Any]) -> str:
                          f"{_fmt(t['value'], _digits(metric))} | "
                          + ("—" if t["reduction"] is None else f"{100 * t['reduction']:.0f} %")
                          + " |")
-    lines += ["", f"Adapted checkpoints: " + ", ".join(
+    lines += ["", "Adapted checkpoints: " + ", ".join(
         f"N = {p['n']}: `{p['checkpoint']}`" for p in points if p["n"] > 0),
         f"Wall time of this `adapt`: {result['wall_time_s']:.0f} s.", ""]
     return "\n".join(lines)
