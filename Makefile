@@ -10,7 +10,7 @@ PLATFORM ?= so101
 DATA ?=
 ARGS ?=
 
-.PHONY: setup test test-all lint train bench clean
+.PHONY: setup test test-all docs-check lint train bench clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -22,12 +22,16 @@ setup:
 	$(PIP) install -c constraints.txt accelerate==1.15.0 datasets==5.0.1 deepdiff==8.6.2 \
 		'huggingface-hub>=0.35,<0.36' draccus==0.10.0
 	$(PY) -c "import nactuator, warp, newton, lightning, lerobot.motors.feetech, lerobot.motors.dynamixel; print('nactuator setup ok')"
+	@echo "activate the environment to get the nactuator command: source $(VENV)/bin/activate"
 
 test:
 	$(PY) -m pytest -q
 
 test-all:
 	$(PY) -m pytest -q -m ''
+
+docs-check:
+	$(PY) -m pytest -q -m readme tests/test_readme.py
 
 lint:
 	$(PY) -m ruff check src tests bench

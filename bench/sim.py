@@ -90,7 +90,7 @@ def engine_rates(sim: Simulator, batch: int, horizon: int, repeats: int) -> tupl
     q0, qd0 = start_states(sim.platform, batch, seed=0)
     gen = torch.Generator().manual_seed(0)
     hold = sim.gravity_torque(q0).detach()[:, None, :]
-    noise = 0.1 * sim.effort_max * torch.randn(batch, horizon, sim.n, generator=gen)
+    noise = 0.1 * sim.torque_max * torch.randn(batch, horizon, sim.n, generator=gen)
     taus = (hold + noise).contiguous()
     warm = taus[:, 0].clone().requires_grad_(True)
     sim.step(q0, qd0, warm)[0].sum().backward()  # builds the per-B state, loads kernels

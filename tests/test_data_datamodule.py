@@ -153,7 +153,9 @@ def test_norm_stats_use_the_train_split_only(coded):
     np.testing.assert_allclose(stats["error"]["mean"], [0.5] * N, rtol=1e-6)
     assert stats["error"]["std"] == [1.0] * N  # constant channel: std floored to 1
     assert stats["voltage"]["mean"] == pytest.approx([12.0] * N)
-    assert set(stats) == {"q_cmd", "q", "qd", "effort", "voltage", "temperature", "error"}
+    assert set(stats) == {"q_cmd", "q", "qd", "effort", "voltage", "temperature", "error",
+                          # exogenous inputs of counterfactual models (data/commands.py)
+                          "supply_voltage", "initial_temperature"}
     train_qd = np.concatenate([np.full(T, c) for c, T in ((0, 40), (1, 25), (2, 12))])
     np.testing.assert_allclose(stats["qd"]["mean"], [train_qd.mean()] * N, rtol=1e-6)
 

@@ -260,3 +260,17 @@ def test_refuses_a_non_dataset_folder(tmp_path):
         DatasetWriter(tmp_path, OMX, OMX.fps)
     with pytest.raises(DataFormatError, match="info.json: missing"):
         read_dataset(tmp_path)
+
+
+def test_info_says_unknown_for_a_payload_nobody_gave(tmp_path):
+    from nactuator.data.info import describe
+
+    with DatasetWriter(tmp_path / "ds", OMX, OMX.fps) as w:
+        w.add_episode(make_frames(20, 5, 0), "carry", "train")  # no payload_mass channel
+        w.add_episode(make_frames(20, 5, 1), "carry", "train")
+        w.add_episode(make_frames(20, 5, 2, payload_mass=np.full(20, 0.2)), "lift", "train")
+        w.add_episode(make_frames(20, 5, 3), "lift", "train")
+    text = describe(tmp_path / "ds")
+    assert "carry: 2 episodes (train 2), payload unknown" in text
+    assert "lift: 2 episodes (train 2), payload 0.2 kg, unknown for 1 episode(s)" in text
+    assert "nan" not in text.split("features")[0]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import scservo_sdk as scs_sdk
 
-from nactuator.hardware import units
+from nactuator import servo_units as units
 from nactuator.hardware.bus import min_reply_timeout
 from nactuator.hardware.emulator import ArmState, Emulator, EmulatorError, Faults
 from nactuator.hardware.protocol import dxl2, scs
@@ -361,6 +361,33 @@ def test_feetech_malformed_instructions_are_ignored_and_the_servo_serves_on(
     assert sts_emu.stats["replies"] == stats["replies"]  # nothing answered them
     assert ph.ping(port, 3)[:2] == (777, scs_sdk.COMM_SUCCESS)
     assert sts_emu.alive
+
+
+def test_a_reply_is_counted_before_a_client_can_read_it(monkeypatch) -> None:
+    # Tests compare emu.stats["replies"] right after a reply arrived: the count must never
+    # lag the wire, however late the emulator thread runs after writing (a loaded machine;
+    # here: a write that is slow to return).
+    import types
+
+    from nactuator.hardware.emulator import core
+
+    def slow_write(fd: int, data: bytes) -> int:
+        written = os.write(fd, data)
+        time.sleep(0.2)
+        return written
+
+    monkeypatch.setattr(core, "os", types.SimpleNamespace(**{**vars(os), "write": slow_write}))
+    with Emulator("dynamixel", "omx", arm=FixedArm(5)) as emu:
+        port = dxl.PortHandler(emu.port)
+        assert port.openPort() and port.setBaudRate(1_000_000)
+        no_spin(port)
+        try:
+            for k in range(1, 4):
+                model, comm, _ = dxl.PacketHandler(2.0).ping(port, 11)
+                assert (model, comm) == (1020, dxl.COMM_SUCCESS)
+                assert emu.stats["replies"] == k
+        finally:
+            port.closePort()
 
 
 def test_dynamixel_goal_outside_the_position_limits_is_refused_with_data_limit_error() -> None:

@@ -229,3 +229,21 @@ def test_temperature_is_filtered_like_training_and_causally_for_infer():
     causal = filter_temperature(ep, 11, causal=True).frames["temperature"][:, 0]
     assert causal[34] == 35.0 and causal[35] == 40.0
     assert filter_temperature(ep, 11).frames["temperature"][30, 0] == 40.0
+
+
+def test_the_payload_is_read_from_the_force_during_the_carry_only():
+    from nactuator.eval.protocol import G, payload_estimates
+
+    label = np.full((100, 3), np.nan)
+    label[40:80] = [0.0, 0.0, -0.3 * G]  # a 300 g carry on frames 40..79
+    ep = make_episode(100, force=label)
+    ep.frames["payload_mass"] = np.where(np.isfinite(label[:, 2]), 0.3, 0.0)
+    guess = np.zeros((100, 3))
+    guess[40:80, 2] = -0.2 * G  # reads 200 g while carrying ...
+    guess[:40, 2] = -5.0  # ... and anything outside the carry does not count
+    out = payload_estimates(ep, label, {"model": guess, "other": None})
+    assert out["carry_frames"] == 40 and out["true_g"] == pytest.approx(300.0)
+    assert out["model"]["mass_g"] == pytest.approx(200.0)
+    assert out["model"]["abs_error_g"] == pytest.approx(100.0) and "other" not in out
+    ep.frames["payload_mass"] = np.zeros(100)  # a push (no payload): no payload figures
+    assert payload_estimates(ep, label, {"model": guess}) is None

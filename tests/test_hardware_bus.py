@@ -174,7 +174,7 @@ def test_open_bus_rejects_an_unknown_bus() -> None:
 def test_lerobot_calibration_file_sets_zero_and_direction(tmp_path) -> None:
     import json
 
-    from nactuator.hardware import units
+    from nactuator import servo_units as units
 
     p = patient("so101")
     cal = {n: {"id": k + 1, "drive_mode": int(n == "wrist_flex"), "homing_offset": 0,

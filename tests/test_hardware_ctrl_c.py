@@ -26,11 +26,12 @@ import dynamixel_sdk as dxl
 import pytest
 import scservo_sdk as scs_sdk
 
+from nactuator.hardware.control_table import SPEC_BY_BUS
 from nactuator.hardware.emulator import Emulator, Faults
 from nactuator.platforms import load_platform
 
 BUSES = [("dynamixel", "omx"), ("feetech", "so101")]
-TORQUE_ADDR = {"dynamixel": 64, "feetech": 40}
+TORQUE_ADDR = {bus: spec.registers["Torque_Enable"].address for bus, spec in SPEC_BY_BUS.items()}
 
 # The server forks one child per job line; each child runs record/run_live and writes its
 # outcome to a JSON file. SIGCHLD is ignored so the children never linger as zombies.

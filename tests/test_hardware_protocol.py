@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from nactuator.hardware import units
+from nactuator import servo_units as units
 from nactuator.hardware.control_table import STS3215, XM430_W350, ControlTable
 from nactuator.hardware.protocol import dxl2, scs
 
@@ -93,13 +93,13 @@ def test_feetech_checksum_and_reader() -> None:
                                                     (-5, 15, 0x8005), (-300, 10, 0x400 | 300),
                                                     (-1023, 10, 0x7FF), (-100, 11, 0x800 | 100)])
 def test_sign_magnitude(value: int, bit: int, raw: int) -> None:
-    assert scs.encode_sign_magnitude(value, bit) == raw
-    assert scs.decode_sign_magnitude(raw, bit) == value
+    assert units.encode_sign_magnitude(value, bit) == raw
+    assert units.decode_sign_magnitude(raw, bit) == value
 
 
 def test_sign_magnitude_rejects_overflow() -> None:
     with pytest.raises(ValueError, match="sign bit 10"):
-        scs.encode_sign_magnitude(1024, 10)
+        units.encode_sign_magnitude(1024, 10)
 
 
 def test_control_table_signed_registers_and_access() -> None:
@@ -133,3 +133,89 @@ def test_units_round_trip_and_documented_scales() -> None:
     assert s.position(2000) == 0.0 and s.position(2100) == pytest.approx(-100 * 2 * math.pi / 4095)
     with pytest.raises(ValueError, match="revolute"):
         units.motor_units("feetech", prismatic=True)
+
+
+def test_sign_magnitude_works_alike_on_arrays_as_the_world_uses_it() -> None:
+    values = np.array([[0, 5, -5], [-1023, 1023, -300]])
+    raw = units.encode_sign_magnitude(values, 10)
+    assert raw.dtype == np.int64
+    assert raw.tolist() == [[units.encode_sign_magnitude(int(v), 10) for v in row]
+                            for row in values]
+    np.testing.assert_array_equal(units.decode_sign_magnitude(raw, 10), values)
+    with pytest.raises(ValueError, match="sign bit 10"):
+        units.encode_sign_magnitude(np.array([3, -1024]), 10)
+
+
+def _sdk_address_parameters() -> dict[str, dict[str, int]]:
+    """Every vendor-SDK callable that takes a register address or a data length: {name:
+    {parameter: position}}, read from the SDKs' own signatures."""
+    import inspect
+
+    import dynamixel_sdk
+    import scservo_sdk
+
+    found: dict[str, dict[str, int]] = {}
+    for sdk in (dynamixel_sdk, scservo_sdk):
+        classes = [c for _, c in inspect.getmembers(sdk, inspect.isclass)]
+        classes.append(type(sdk.PacketHandler(2.0 if sdk is dynamixel_sdk else 0)))
+        for cls in classes:
+            for name, fn in inspect.getmembers(cls, inspect.isfunction):
+                params = list(inspect.signature(fn).parameters)[1:]  # without self
+                wanted = {p: i for i, p in enumerate(params)
+                          if "address" in p or p in ("length", "data_length")}
+                if wanted:
+                    found.setdefault(cls.__name__ if name == "__init__" else name,
+                                     {}).update(wanted)
+    return found
+
+
+def test_buses_take_every_register_address_from_the_control_table() -> None:
+    # A register address or length written as a number (or a constant of the bus's own)
+    # in a bus module is a second copy of the control table; every SDK call must get its
+    # address from a control-table Register / RegisterBlock (``reg.address``,
+    # ``TELEMETRY.address``) and its length likewise (``.size`` / ``.length``).
+    import ast
+    from pathlib import Path
+
+    import nactuator.hardware
+
+    sdk = _sdk_address_parameters()
+    assert {"read1ByteTxRx", "syncReadTx", "write1ByteTxOnly", "GroupSyncRead"} <= set(sdk)
+    root = Path(nactuator.hardware.__file__).parent
+    bad, calls = [], 0
+    for module in ("bus.py", "dynamixel.py", "feetech.py"):
+        tree = ast.parse((root / module).read_text())
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in sdk):
+                continue
+            calls += 1
+            for param, pos in sdk[node.func.attr].items():
+                arg = next((k.value for k in node.keywords if k.arg == param),
+                           node.args[pos] if pos < len(node.args) else None)
+                want = ("address",) if "address" in param else ("length", "size")
+                if arg is not None and not (isinstance(arg, ast.Attribute)
+                                            and arg.attr in want):
+                    bad.append(f"{module}:{node.lineno} {node.func.attr}({param}="
+                               f"{ast.unparse(arg)})")
+    assert calls >= 10  # the helpers and the telemetry reads were all seen
+    assert not bad, "register addresses/lengths not from control_table.py: " + "; ".join(bad)
+
+
+def test_telemetry_blocks_come_from_the_control_tables() -> None:
+    from nactuator.hardware.dynamixel import DynamixelTelemetryBus
+    from nactuator.hardware.feetech import FeetechTelemetryBus
+
+    dx, st = DynamixelTelemetryBus.telemetry, FeetechTelemetryBus.telemetry
+    assert (str(dx), str(st)) == ("124..146 (23 bytes)", "56..70 (15 bytes)")  # servos.md
+    assert DynamixelTelemetryBus.spec is XM430_W350 and FeetechTelemetryBus.spec is STS3215
+    # Decoded by name exactly as the emulated servo's control table encodes each register.
+    table = ControlTable(STS3215, 1)
+    for name, value in {"Present_Position": -1234, "Present_Velocity": 350,
+                        "Present_Load": -412, "Present_Current": 77}.items():
+        table.set(name, value)
+    got = st.decode(table.read(st.address, st.length))
+    assert {k: got[k] for k in ("Present_Position", "Present_Velocity", "Present_Load",
+                                "Present_Current")} == {
+        "Present_Position": -1234, "Present_Velocity": 350, "Present_Load": -412,
+        "Present_Current": 77}

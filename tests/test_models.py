@@ -9,8 +9,8 @@ import torch
 import yaml
 
 from nactuator.models import (
+    DEFAULT_FEATURES,
     ENCODERS,
-    FEATURE_GROUPS,
     FeatureBuilder,
     NeuralActuator,
     build_model,
@@ -152,7 +152,8 @@ def test_token_layout_follows_the_group_order():
 
 
 def test_pad_frames_become_the_train_mean():
-    builder = FeatureBuilder(list(FEATURE_GROUPS), N, make_stats())
+    # The four telemetry-model groups (the counterfactual ones: tests/test_counterfactual.py).
+    builder = FeatureBuilder(list(DEFAULT_FEATURES), N, make_stats())
     window = make_window(batch=2)
     pad = torch.zeros(2, L, dtype=torch.bool)
     pad[0, :3] = True

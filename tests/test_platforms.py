@@ -18,7 +18,7 @@ def test_all_shipped_platforms_load_with_consistent_channels():
         assert p.robot_model_path().name == p.robot_model
         assert math.isclose(p.substep_dt * p.substeps, p.control_dt)
         for c in p.channels:
-            assert c.effort_min < 0 < c.effort_max, (name, c.name)
+            assert c.torque_min < 0 < c.torque_max, (name, c.name)
             assert c.limit_lower < c.limit_upper
             assert c.armature > 0, f"{name}.{c.name}: armature is required for stability"
 
@@ -28,7 +28,7 @@ def test_omx_gripper_is_one_prismatic_finger_in_metres():
     assert p.channel_names == ["joint1", "joint2", "joint3", "joint4", "gripper"]
     assert p.gripper_indices == [4] and p.arm_indices == [0, 1, 2, 3]
     g = p.channels[4]
-    assert g.kind == "prismatic" and g.unit == "m" and g.effort_unit == "N"
+    assert g.kind == "prismatic" and g.unit == "m" and g.torque_unit == "N"
     assert (g.limit_lower, g.limit_upper) == (-0.011, 0.020)
     assert p.effort_signal == "current"
 
@@ -49,7 +49,7 @@ def _minimal(**over):
     raw = {
         "name": "t", "robot_model": "t.xml", "fps": 60, "control_dt": 0.016, "substeps": 4,
         "effort_signal": "current", "velocity_limit": 10, "end_effector": {"body": "b"},
-        "channels": [{"name": "j", "kind": "revolute", "effort": [-1, 1], "limit": [-1, 1],
+        "channels": [{"name": "j", "kind": "revolute", "torque": [-1, 1], "limit": [-1, 1],
                       "armature": 0.01, "damping": 0.1}],
     }
     raw.update(over)
@@ -62,10 +62,12 @@ def _minimal(**over):
         ({"substeps": 0}, "substeps must be a positive integer"),
         ({"effort_signal": "voltage"}, "effort_signal must be one of"),
         ({"fps": -1}, "'fps' must be > 0"),
-        ({"channels": [{"name": "j", "kind": "ball", "effort": [-1, 1], "limit": [-1, 1],
+        ({"channels": [{"name": "j", "kind": "ball", "torque": [-1, 1], "limit": [-1, 1],
                         "armature": 0, "damping": 0}]}, "kind must be one of"),
-        ({"channels": [{"name": "j", "kind": "revolute", "effort": [1, -1], "limit": [-1, 1],
-                        "armature": 0, "damping": 0}]}, "effort must be"),
+        ({"channels": [{"name": "j", "kind": "revolute", "torque": [1, -1], "limit": [-1, 1],
+                        "armature": 0, "damping": 0}]}, "torque must be"),
+        ({"channels": [{"name": "j", "kind": "revolute", "effort": [-1, 1], "limit": [-1, 1],
+                        "armature": 0, "damping": 0}]}, "'effort' was renamed 'torque'"),
     ],
 )
 def test_bad_platform_fields_are_named(override, message):

@@ -103,11 +103,12 @@ def test_recording_units_validity_and_tracking(omx, tmp_path) -> None:
 def test_every_slot_of_an_episode_is_a_frame_or_a_counted_drop(omx, tmp_path) -> None:
     # An episode lasts its seconds of wall time whatever the machine's load: a late cycle
     # costs frames, counted as dropped, and never stretches the episode.
+    # With the progress bar on: its rate display runs inside the fixed-rate loop.
     seconds = 1.0
     leader, follower = _arms(omx, "dynamixel")
     with leader, follower:
         record(omx, leader.port, follower.port, "slots", seconds=seconds, out=tmp_path / "t",
-               progress=False)
+               progress=True)
     [ep] = read_dataset(tmp_path / "t").episodes
     assert ep.length + ep.meta["overruns"] == round(seconds * omx.fps)
     t = ep.frames["timestamp"]

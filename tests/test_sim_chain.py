@@ -79,7 +79,7 @@ def test_chain_step_gradients_equal_newtons(sims, newton_sims, name):
     span = hi - lo
     q = lo - 0.05 * span + 1.1 * span * torch.rand(6, platform.n, generator=gen)
     qd = 0.2 * span * torch.randn(6, platform.n, generator=gen)
-    tau = 0.5 * sim.effort_max * torch.randn(6, platform.n, generator=gen)
+    tau = 0.5 * sim.torque_max * torch.randn(6, platform.n, generator=gen)
     seeds = [torch.randn(6, platform.n, generator=gen) for _ in range(2)]
 
     def grads(s: Simulator) -> list[torch.Tensor]:
@@ -141,7 +141,7 @@ def _tree_platform(tmp_path) -> object:
   </worldbody>
 </mujoco>
 """)
-    channel = Channel(name="a", kind="revolute", effort_min=-1.0, effort_max=1.0,
+    channel = Channel(name="a", kind="revolute", torque_min=-1.0, torque_max=1.0,
                       limit_lower=-2.0, limit_upper=2.0, armature=0.05, damping=0.1)
     pendulum = load_platform("pendulum")
     return dataclasses.replace(
@@ -209,7 +209,7 @@ def test_the_chain_engine_runs_on_cuda_like_on_cpu(sims):
     assert gpu.engine == "chain"
     q0, qd0 = start_states(cpu.platform, 8, seed=2)
     gen = torch.Generator().manual_seed(2)
-    taus = 0.5 * cpu.effort_max * (2 * torch.rand(8, 32, 6, generator=gen) - 1)
+    taus = 0.5 * cpu.torque_max * (2 * torch.rand(8, 32, 6, generator=gen) - 1)
     results = []
     for sim in (cpu, gpu):
         t = taus.to(sim.device).requires_grad_(True)

@@ -35,7 +35,7 @@ def write_sim_dataset(root: Path, platform_name: str = "so101", frames: int = 48
                       force: bool = True, condition: bool = True) -> Path:
     """Episodes recorded from the simulator under a PD law ``tau = kp e − kd qd``.
 
-    Telemetry: effort = tau / effort_max (the platform's 'fraction of max torque' style),
+    Telemetry: effort = tau / torque_max (the platform's 'fraction of max torque' style),
     steady voltage and slowly rising temperature with a little variation. Optionally a
     payload-style force label on the second half of every other episode, and condition
     labels on every motor.
@@ -51,13 +51,13 @@ def write_sim_dataset(root: Path, platform_name: str = "so101", frames: int = 48
     phase = rng.uniform(0, 2 * np.pi, size=(count, 1, n))
     freq = rng.uniform(0.5, 1.0, size=(count, 1, n))
     q_cmd = centre + 0.15 * span * np.sin(2 * np.pi * freq * t[None, :, None] + phase)
-    kp = 0.4 * np.array(platform.effort_max) / (0.15 * span.max())
+    kp = 0.4 * np.array(platform.torque_max) / (0.15 * span.max())
     kd = 0.05 * kp
 
     sim = Simulator(platform)
     q = torch.tensor(q_cmd[:, 0], dtype=torch.float32)
     qd = torch.zeros_like(q)
-    tau_max = torch.tensor(platform.effort_max, dtype=torch.float32)
+    tau_max = torch.tensor(platform.torque_max, dtype=torch.float32)
     qs, qds, taus = [], [], []
     with torch.no_grad():
         for k in range(frames):
@@ -80,7 +80,7 @@ def write_sim_dataset(root: Path, platform_name: str = "so101", frames: int = 48
                 f[:] = 0.0
             frames_e = {
                 "q_cmd": q_cmd[e], "q": q_rec[e], "qd": qd_rec[e],
-                "effort": tau_rec[e] / np.array(platform.effort_max),
+                "effort": tau_rec[e] / np.array(platform.torque_max),
                 "voltage": 12.0 + 0.05 * rng.standard_normal((frames, n)),
                 "temperature": 30.0 + 0.01 * np.arange(frames)[:, None] + np.zeros((1, n)),
                 "force": f,
@@ -494,3 +494,18 @@ def test_module_and_data_must_agree(so101_data, tmp_path):
         make_module(arch="cnn")
     with pytest.raises(ValueError, match="feature group"):
         make_module(features=["command", "vision"])
+
+
+def test_state_noise_perturbs_training_rollouts_only(so101_data):
+    dm = make_dm(so101_data)
+    module = built(make_module(state_noise_q=0.01, state_noise_qd=0.1), dm)
+    batch = first_batch(dm)
+    with torch.no_grad():
+        clean = module(batch).q
+        torch.manual_seed(0)
+        noisy = module(batch, noise=True).q
+    torch.testing.assert_close(module(batch).q, clean)  # validation path: deterministic
+    drift = (noisy[:, 1:] - clean[:, 1:]).abs()
+    assert drift.max() > 1e-3 and drift[:, -1].mean() > drift[:, 0].mean()  # a random walk
+    with pytest.raises(ValueError, match="state noise must be >= 0"):
+        make_module(state_noise_q=-1.0)

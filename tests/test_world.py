@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from nactuator.platforms import load_platform
+from nactuator.servo_units import decode_sign_magnitude
 from nactuator.world import World, WorldError, WorldParams, load_world
-from nactuator.world.registers import decode_sign_magnitude
 
 TWO_PI = 2 * math.pi
 

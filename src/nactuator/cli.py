@@ -30,7 +30,7 @@ def _data_import_nad(a: argparse.Namespace) -> int:
 def _data_import_bam(a: argparse.Namespace) -> int:
     from nactuator.data.importers import import_bam
 
-    print(import_bam(a.src, a.out, allow_duplicates=a.allow_duplicates))
+    print(import_bam(a.src, a.out, allow_duplicates=a.allow_duplicates, grid=a.grid))
     return 0
 
 
@@ -69,7 +69,8 @@ def _eval(a: argparse.Namespace) -> int:
 
     cv = None if a.cv_folds is None else (a.cv_folds, a.cv_fold)
     print(evaluate(a.ckpt, a.data, split=a.split, out=a.out, device=a.device, cv=cv,
-                   baselines=a.baselines, baselines_config=a.baselines_config))
+                   baselines=a.baselines, baselines_config=a.baselines_config,
+                   compare=a.compare))
     return 0
 
 
@@ -87,6 +88,24 @@ def _adapt(a: argparse.Namespace, rest: list[str]) -> int:
     print(adapt(a.ckpt, a.data, episodes=a.episodes, out=a.out, held_out=a.held_out,
                 held_out_runs=a.held_out_runs, config=a.config,
                 extra_args=[x for x in rest if x != "--"]))
+    return 0
+
+
+def _bench_bam(a: argparse.Namespace, rest: list[str]) -> int:
+    from nactuator.eval.bam import bench_bam
+
+    print(bench_bam(a.src, a.out, ckpt=a.ckpt, config=a.config, device=a.device,
+                    extra_args=[x for x in rest if x != "--"]))
+    return 0
+
+
+def _plan(a: argparse.Namespace) -> int:
+    from nactuator.planning import plan
+
+    print(plan(a.ckpt, a.target, out=a.out, iterations=a.iterations, lr=a.lr,
+               smoothness=a.smoothness, kp=a.kp, supply_voltage=a.supply_voltage,
+               temperature=a.temperature, world=a.world, world_seed=a.world_seed,
+               device=a.device))
     return 0
 
 
@@ -203,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dataset folder to create or append to (NAD shards)")
     s.add_argument("--allow-duplicates", action="store_true",
                    help="import files whose content (sha256) is already in the dataset")
+    s.add_argument("--grid", default=None, choices=["first_sample", "bam"],
+                   help="time grid: first_sample (t0, t0 + 5 ms, ...; the platform default) "
+                        "or bam (BAM's processed grid from t = 0, for its scoring protocol)")
     s.set_defaults(func=_data_import_bam)
     s = dsub.add_parser("synth", help="generate data from a hidden ground-truth servo world")
     s.add_argument("--platform", required=True, help=PLATFORM_HELP)
@@ -245,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "id-linear, id-friction, gmo, gmo-friction, threshold, svm, random-forest")
     s.add_argument("--baselines-config", default=None, metavar="YAML",
                    help="partial YAML merged onto conf/eval/baselines.yaml")
+    s.add_argument("--compare", default=None, metavar="CKPT",
+                   help="a second checkpoint rolled out on the same episodes (its joint rows "
+                        "beside the model's), e.g. a counterfactual beside a telemetry model")
     s.set_defaults(func=_eval)
 
     s = sub.add_parser("cv", help="k-fold cross-validation by trajectory of a training "
@@ -278,6 +303,51 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="runs/adapt",
                    help="output folder (adapt.md, adapt.json, adapt.png, one n_NNN/ per N)")
     s.set_defaults(func=_adapt, passthrough=True)
+
+    s = sub.add_parser("bench-bam", help="BAM XL330 benchmark: train a counterfactual model on "
+                       "kp 100-400, score the held-out kp 800 logs open loop (BAM's metric); "
+                       "extra args go to LightningCLI fit")
+    s.add_argument("--src", default="../shared/data/bam/xl330/raw",
+                   help="folder of BAM's raw XL330 JSON logs (default: %(default)s)")
+    s.add_argument("--out", required=True,
+                   help="output folder: data/, train/, bench.json, bench.md, bench_kp800.png")
+    s.add_argument("--ckpt", default=None,
+                   help="score this counterfactual checkpoint instead of training one")
+    s.add_argument("--config", default=None,
+                   help="LightningCLI training config (default: conf/bench/bam.yaml)")
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    s.set_defaults(func=_bench_bam, passthrough=True)
+
+    s = sub.add_parser("plan", help="optimise a command sequence through a counterfactual "
+                       "model + simulator so the arm follows a target trajectory")
+    s.add_argument("--ckpt", required=True, help="a counterfactual checkpoint (" + CKPT_HELP
+                   + ")")
+    s.add_argument("--target", required=True,
+                   help="CSV: a 'time' column (s, on the platform's control grid) and one "
+                        "column per channel (target joint positions, rad / m)")
+    s.add_argument("--out", default=None,
+                   help="folder for commands.csv, plan.json, plan.md and plan.png")
+    s.add_argument("--iterations", type=_positive_int, default=200,
+                   help="gradient steps (Adam) on the command sequence")
+    s.add_argument("--lr", type=_positive_float, default=0.02,
+                   help="Adam step size on the commands (rad / m)")
+    s.add_argument("--smoothness", type=float, default=1e-3,
+                   help="weight of the squared command change per step in the objective")
+    s.add_argument("--kp", type=float, default=None,
+                   help="Position P gain register the commands will run with (needed by "
+                        "models that read the gain)")
+    s.add_argument("--supply-voltage", type=float, default=None,
+                   help="supply voltage before the motion [V] (models with a supply input)")
+    s.add_argument("--temperature", type=float, default=None,
+                   help="motor temperature before the motion [degC] (models with that input)")
+    s.add_argument("--world", default=None,
+                   help="replay the target and the optimised commands in this hidden world "
+                        "(a world YAML, or 'default' for conf/world/<platform>.yaml) and "
+                        "report the real tracking errors")
+    s.add_argument("--world-seed", type=int, default=0,
+                   help="seed of the hidden world's servos and noise")
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    s.set_defaults(func=_plan)
 
     s = sub.add_parser("infer", help="causal force/gate/condition from telemetry (no simulator)")
     s.add_argument("--ckpt", required=True, help=CKPT_HELP)

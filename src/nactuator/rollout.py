@@ -38,7 +38,10 @@ __all__ = [
 ]
 
 WINDOW_LENGTH = 9  # SPEC §4: 8 history frames + the current frame
-RECORDED_KEYS = ("q_cmd", "effort", "voltage", "temperature")  # replayed from the recording
+# Replayed from the recording: the commands and what is known before execution
+# (nactuator.data.commands), and the telemetry a telemetry-conditioned model reads.
+RECORDED_KEYS = ("q_cmd", "q_cmd_next", "torque_enable", "kp", "supply_voltage",
+                 "initial_temperature", "effort", "voltage", "temperature")
 STATE_KEYS = ("q", "qd")  # simulated during a rollout
 
 StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -56,6 +59,8 @@ def _frames_before(window_length: int) -> int:
 
 
 def _as_tensor(values) -> torch.Tensor:
+    if isinstance(values, torch.Tensor):  # keeps the graph: planning differentiates commands
+        return torch.nan_to_num(values.to(torch.float32), nan=0.0).reshape(len(values), -1)
     array = np.nan_to_num(np.asarray(values, dtype=np.float32), nan=0.0)
     return torch.from_numpy(array.reshape(len(array), -1))
 

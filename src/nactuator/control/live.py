@@ -29,7 +29,7 @@ import torch
 
 from nactuator.hardware.bus import TelemetryBus, TelemetryFrame, open_bus
 from nactuator.hardware.signals import sigterm_as_interrupt
-from nactuator.hardware.timing import sleep_until
+from nactuator.hardware.timing import FixedRate
 from nactuator.models import load_actuator
 from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import StreamingWindow
@@ -44,6 +44,10 @@ def hold_last_valid(held: dict[str, np.ndarray], values: dict[str, np.ndarray],
     for key, last in held.items():
         fresh = np.asarray(values[key], dtype=np.float32)
         np.copyto(last, fresh, where=valid & np.isfinite(fresh))
+
+
+# What one live cycle provides to the model's window (LiveLoop.cycle).
+LIVE_CHANNELS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature")
 
 
 class LiveLoop:
@@ -94,15 +98,16 @@ class LiveLoop:
     def run(self, seconds: float | None, sink: csv.DictWriter | None,
             stream: TextIO | None = None,
             status: StatusLine | None = None) -> list[dict[str, float]]:
-        """Cycle at the platform rate until ``seconds`` pass (None: until Ctrl-C)."""
-        period = 1.0 / self.platform.fps
+        """Cycle at the platform rate (:class:`FixedRate`: a late cycle loses slots, counted
+        in ``lost_slots``, and never bursts) until ``round(seconds * fps)`` cycles have run
+        (None: until Ctrl-C)."""
         n_cycles = None if seconds is None else int(round(seconds * self.platform.fps))
         rows: list[dict[str, float]] = []
         self.lost_slots = 0
-        t_next = time.perf_counter()
+        pace = FixedRate(self.platform.fps).start()
         try:
             while n_cycles is None or len(rows) < n_cycles:
-                row = self.cycle(t_next)
+                row = self.cycle(pace.scheduled)
                 rows.append(row)
                 if sink is not None:
                     sink.writerow({k: _fmt(v) for k, v in row.items()})
@@ -110,13 +115,7 @@ class LiveLoop:
                         stream.flush()
                 if status is not None:
                     status.update(rows, self.lost_slots)
-                t_next += period
-                delay = t_next - time.perf_counter()
-                if delay > 0:
-                    sleep_until(t_next)
-                elif delay < -period:
-                    self.lost_slots += 1
-                    t_next = time.perf_counter()  # a lost slot: re-anchor, don't burst
+                self.lost_slots += pace.wait()
         except KeyboardInterrupt:
             pass
         finally:
@@ -204,6 +203,11 @@ def run_live(ckpt: str | Path, platform: str | Platform, port: str,
     if actuator.n_motors != p.n:
         raise ValueError(f"{ckpt}: actuator has {actuator.n_motors} motors, platform "
                          f"{p.name!r} has {p.n} channels")
+    unread = [k for k in actuator.inputs if k not in LIVE_CHANNELS]
+    if unread:  # a counterfactual model (docs/counterfactual.md) is for rollouts and plans
+        raise ValueError(f"{ckpt}: the model reads {unread}, which the live loop does not "
+                         f"stream (it reads {list(LIVE_CHANNELS)}); use it with eval, "
+                         "bench-bam or plan")
     if threads is not None:
         torch.set_num_threads(threads)
     # SIGTERM ends the loop like Ctrl-C; leaving open_bus() switches torque off either way.

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from nactuator.data.commands import COMMAND_KEYS, EXOGENOUS_KEYS, with_command_channels
 from nactuator.data.curriculum import HorizonCurriculum
 from nactuator.data.folds import fold_splits
 from nactuator.data.reader import read_dataset
@@ -47,6 +48,13 @@ _CHANNELS = (
     ("effort", "n"),
     ("voltage", "n"),
     ("temperature", "n"),
+    # Commands and exogenous conditions known before execution (nactuator.data.commands):
+    # what a counterfactual model reads instead of the recorded telemetry.
+    ("torque_enable", "n"),
+    ("q_cmd_next", "n"),
+    ("kp", "n"),
+    ("supply_voltage", "n"),
+    ("initial_temperature", "n"),
     ("force", "3"),
     ("force_valid", "1"),
     ("condition", "n"),
@@ -55,7 +63,8 @@ _CHANNELS = (
     ("pad", "1"),
 )
 _BOOL_KEYS = ("force_valid", "condition_valid", "pad")
-_MODEL_INPUTS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature")
+_MODEL_INPUTS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", *COMMAND_KEYS,
+                 *EXOGENOUS_KEYS)
 
 
 @dataclass(frozen=True)
@@ -291,6 +300,9 @@ class NADDataModule(L.LightningDataModule):
         self._unrecorded: dict[str, dict[str, list[str]]] = {}
         for pos, ds in enumerate(datasets):
             recorded = {k: np.zeros(n, bool) for k in _MODEL_INPUTS}
+            # A per-episode value (the gain, the initial supply) must be known for every
+            # episode: one episode without it would be served 0 without a word.
+            complete = {k: np.ones(n, bool) for k in (*COMMAND_KEYS, *EXOGENOUS_KEYS)}
             for e in ds.episodes:
                 if splits[(pos, e.index)] == "excluded":
                     continue
@@ -298,9 +310,14 @@ class NADDataModule(L.LightningDataModule):
                     EpisodeInfo(len(episodes), str(ds.root), e.index, e.task,
                                 splits[(pos, e.index)], e.length, e.payload_mass)
                 )
-                parts.append(e.frames)
+                frames = with_command_channels(e, f"{ds.root}: episode {e.index}").frames
+                parts.append(frames)
                 for key in _MODEL_INPUTS:
-                    recorded[key] |= np.isfinite(e.frames[key]).any(axis=0)
+                    recorded[key] |= np.isfinite(frames[key]).any(axis=0)
+                for key in complete:
+                    complete[key] &= np.isfinite(frames[key]).all(axis=0)
+            for key, ok in complete.items():
+                recorded[key] &= ok
             self._unrecorded[str(ds.root)] = {
                 key: [c for c, ok in zip(p.channel_names, seen, strict=True) if not ok]
                 for key, seen in recorded.items() if not seen.all()}
@@ -310,7 +327,7 @@ class NADDataModule(L.LightningDataModule):
         lengths = np.array([e.length for e in episodes], dtype=np.int64)
         frames = {k: np.concatenate([f[k] for f in parts]) for k in
                   ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "force",
-                   "condition", "payload_mass")}
+                   "condition", "payload_mass", *COMMAND_KEYS, *EXOGENOUS_KEYS)}
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         frames["temperature"] = median_within_episodes(
             frames["temperature"], starts, lengths, self.temperature_median
@@ -347,8 +364,7 @@ class NADDataModule(L.LightningDataModule):
         cond_valid = np.isfinite(cond)
         payload = frames["payload_mass"].reshape(-1, 1)
         values = {
-            **{k: np.nan_to_num(frames[k], nan=0.0) for k in
-               ("q_cmd", "q", "qd", "effort", "voltage", "temperature")},
+            **{k: np.nan_to_num(frames[k], nan=0.0) for k in _MODEL_INPUTS},
             "force": np.where(force_valid, np.nan_to_num(force, nan=0.0), 0.0),
             "force_valid": force_valid.astype(np.float32),
             "condition": np.nan_to_num(cond, nan=0.0),

@@ -414,11 +414,37 @@ _BAM_FIELDS = ("timestamp", "position", "speed", "load", "input_volts", "temp",
                "goal_position", "torque_enable")
 
 
-def read_bam_log(path: str | Path, platform: Platform | None = None) -> ParsedEpisode:
-    """Parse one raw BAM XL330 log (real-data.md §2.3) onto the pendulum's control grid."""
+BAM_GRIDS = ("first_sample", "bam")
+
+
+def _lerp_extrapolated(grid: np.ndarray, t: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Linear interpolation that extends the first and last segments beyond the samples
+    (scipy's ``interp1d(fill_value="extrapolate")``, which BAM's processing uses)."""
+    out = np.interp(grid, t, v)
+    if len(t) >= 2:
+        before, after = grid < t[0], grid > t[-1]
+        out[before] = v[0] + (grid[before] - t[0]) * (v[1] - v[0]) / (t[1] - t[0])
+        out[after] = v[-1] + (grid[after] - t[-1]) * (v[-1] - v[-2]) / (t[-1] - t[-2])
+    return out
+
+
+def read_bam_log(path: str | Path, platform: Platform | None = None,
+                 splits: dict | None = None, grid: str | None = None) -> ParsedEpisode:
+    """Parse one raw BAM XL330 log (real-data.md §2.3) onto the pendulum's control grid.
+
+    ``splits`` ({kp: split}) overrides the platform's ``data.bam.splits``. ``grid`` is
+    ``first_sample`` (t = t0, t0 + dt, ...: the platform default) or ``bam``: BAM's own
+    processed grid, t = 0, dt, ... up to the last sample, values linearly
+    interpolated and extrapolated at the ends and torque_enable re-thresholded at 0.5,
+    which reproduces BAM's ``processed/`` files from the raw ones (for its scoring protocol)
+    while decoding the PWM before interpolating.
+    """
     path = Path(path)
     p = platform or load_platform("pendulum")
     cfg = p.data["bam"]
+    grid_kind = grid or cfg.get("grid", "first_sample")
+    if grid_kind not in BAM_GRIDS:
+        raise DataFormatError(f"BAM import grid must be one of {BAM_GRIDS}, got {grid_kind!r}")
     content = path.read_bytes()
     try:
         log = json.loads(content)
@@ -438,7 +464,10 @@ def read_bam_log(path: str | Path, platform: Platform | None = None) -> ParsedEp
         if absent:
             raise DataFormatError(f"{path}: entry {i} lacks fields {absent}")
     raw = {k: np.array([e[k] for e in entries], dtype=np.float64) for k in _BAM_FIELDS}
-    splits = {int(k): v for k, v in cfg["splits"].items()}
+    splits = {int(k): v for k, v in (cfg["splits"] if splits is None else splits).items()}
+    bad = {k: v for k, v in splits.items() if v not in (*SPLITS, "excluded")}
+    if bad:
+        raise DataFormatError(f"BAM splits must map kp to one of {SPLITS}, got {bad}")
     kp = int(log["kp"])
     if kp not in splits:
         raise DataFormatError(
@@ -461,7 +490,11 @@ def read_bam_log(path: str | Path, platform: Platform | None = None) -> ParsedEp
         i = int(np.argmax(np.diff(t) <= 0)) + 1
         raise DataFormatError(f"{path}: timestamp does not increase at entry {i}")
 
-    if cfg.get("resample", True):
+    if grid_kind == "bam":
+        grid = np.arange(int(np.floor(t[-1] / p.control_dt + 1e-9)) + 1) * p.control_dt
+        lerp = lambda v: _lerp_extrapolated(grid, t, v)  # noqa: E731
+        torque = (lerp(raw["torque_enable"]) > 0.5).astype(np.float64)
+    elif cfg.get("resample", True):
         grid = np.arange(t[0], t[-1] + 1e-9, p.control_dt)
         lerp = lambda v: np.interp(grid, t, v)  # noqa: E731
         hold = np.clip(np.searchsorted(t, grid, side="right") - 1, 0, len(t) - 1)
@@ -490,19 +523,24 @@ def read_bam_log(path: str | Path, platform: Platform | None = None) -> ParsedEp
         "motor": str(log["motor"]),
         "raw_samples": len(entries),
         "t0": float(t[0]),
+        "grid": grid_kind if cfg.get("resample", True) or grid_kind == "bam" else "raw",
         "payload_mass": 0.0,
         "source_sha256": hashlib.sha256(content).hexdigest(),
     }
     return ParsedEpisode(path, p, frames, str(log["trajectory"]), splits[kp], meta)
 
 
-def import_bam(src: str | Path, out: str | Path, allow_duplicates: bool = False) -> str:
+def import_bam(src: str | Path, out: str | Path, allow_duplicates: bool = False,
+               splits: dict | None = None, grid: str | None = None) -> str:
     """Import BAM XL330 raw JSON logs (a file or a folder of them) as a pendulum dataset.
 
     Logs whose content is already in ``out`` are skipped (and listed) unless
-    ``allow_duplicates``."""
+    ``allow_duplicates``. ``splits`` and ``grid``: see :func:`read_bam_log`."""
     src, out = Path(src), Path(out)
     platform = load_platform("pendulum")
-    episodes = [read_bam_log(f, platform) for f in _find_files(src, ".json")]
+    episodes = [read_bam_log(f, platform, splits, grid) for f in _find_files(src, ".json")]
+    episodes = [e for e in episodes if e.split != "excluded"]
+    if not episodes:
+        raise DataFormatError(f"{src}: every log's kp is excluded by the splits {splits}")
     return _write(out, episodes, {"source": "BAM XL330 raw logs (Rhoban/bam @ af22604)"},
                   allow_duplicates)

@@ -7,6 +7,7 @@ uncommitted append, when the statistics are recomputed from the committed frames
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -55,13 +56,18 @@ def describe(path: str | Path) -> str:
     lines.append(f"tasks ({len(tasks)}):")
     for task, k in sorted(tasks.items()):
         per = Counter(e["split"] for e in episodes if e["task"] == task)
-        payloads = sorted({e["payload_mass"] for e in episodes if e["task"] == task
-                           and e["payload_mass"] is not None})
+        masses = [e["payload_mass"] for e in episodes if e["task"] == task]
+        known = sorted({float(m) for m in masses if m is not None and math.isfinite(m)})
+        unknown = len(masses) - sum(1 for m in masses if m is not None and math.isfinite(m))
+        payload = ", ".join(f"{m:g}" for m in known) + " kg" if known else ""
+        if unknown:  # recorded without --payload-g: nobody said what the arm held
+            payload += (", " if known else "") + (
+                "unknown" if not known else f"unknown for {unknown} episode(s)")
         lines.append(
             f"  {task}: {k} episodes ("
             + ", ".join(f"{s} {per[s]}" for s in SPLITS if per[s])
             + ")"
-            + (f", payload {', '.join(f'{m:g}' for m in payloads)} kg" if payloads else "")
+            + (f", payload {payload}" if payload else "")
         )
     lengths = [e["length"] for e in episodes]
     if lengths:

@@ -76,7 +76,8 @@ FEATURES: dict[str, FeatureSpec] = {
     "torque_enable": FeatureSpec("observation.torque_enable", "n", False, 1.0, "1"),
 }
 REQUIRED_KEYS = tuple(k for k, s in FEATURES.items() if s.required)
-_EFFORT_UNITS = {"current": "A", "load": "fraction of max torque", "torque": None, "pwm": "duty"}
+_EFFORT_SIGNAL_UNITS = {"current": "A", "load": "fraction of max torque", "torque": None,
+                        "pwm": "duty"}
 
 
 def feature_width(spec: FeatureSpec, n: int) -> int:
@@ -94,7 +95,7 @@ def _channel_units(spec: FeatureSpec, platform: Platform) -> list[str] | str:
         elif spec.unit == "joint/s":
             units.append(f"{c.unit}/s")
         elif spec.unit == "effort":
-            units.append(_EFFORT_UNITS[platform.effort_signal] or c.effort_unit)
+            units.append(_EFFORT_SIGNAL_UNITS[platform.effort_signal] or c.torque_unit)
         else:
             units.append(spec.unit)
     return units

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["NORM_KEYS", "STD_FLOOR", "median_within_episodes", "norm_stats"]
+__all__ = ["NORM_KEYS", "OPTIONAL_NORM_KEYS", "STD_FLOOR", "median_within_episodes", "norm_stats"]
 
 NORM_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
+# Exogenous inputs of counterfactual models (nactuator.data.commands), normalised when the
+# frames hold them.
+OPTIONAL_NORM_KEYS = ("supply_voltage", "initial_temperature")
 # Below this a channel is treated as constant (std := 1), so dividing by std can't blow up
 # a channel that never moved in the training split (e.g. an unused gripper).
 STD_FLOOR = 1e-6
@@ -44,10 +47,11 @@ def norm_stats(frames: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, dic
     """Contract 2 ``norm_stats`` over the given frame rows (the train split's frames).
 
     ``{key: {"mean": [n], "std": [n]}}`` for q_cmd, q, qd, effort, voltage, temperature and
-    error = q_cmd - q. NaN samples are ignored; an all-NaN channel gets mean 0, std 1.
+    error = q_cmd - q, plus those of :data:`OPTIONAL_NORM_KEYS` the frames hold. NaN samples
+    are ignored; an all-NaN channel gets mean 0, std 1.
     """
     out: dict[str, dict[str, list]] = {}
-    for key in NORM_KEYS:
+    for key in (*NORM_KEYS, *(k for k in OPTIONAL_NORM_KEYS if k in frames)):
         if key == "error":
             x = frames["q_cmd"][rows].astype(np.float64) - frames["q"][rows]
         else:

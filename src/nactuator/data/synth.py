@@ -30,7 +30,7 @@ from nactuator.platforms import Platform, conf_dir, load_platform
 from nactuator.world import World, WorldError, WorldParams, load_world
 from nactuator.world.tasks import Kinematics, plan_episode, task_seed
 
-__all__ = ["MAX_ARMS_PER_BATCH", "run_tasks", "split_for", "synthesize"]
+__all__ = ["MAX_ARMS_PER_BATCH", "replay_commands", "run_tasks", "split_for", "synthesize"]
 
 # Arms simulated in one lock-step batch: amortises the per-step numpy work over many arms
 # while bounding memory (logs are t_max x arms x n doubles per channel).
@@ -128,6 +128,50 @@ def run_tasks(
                     initial_temperature=[round(float(x), 3) for x in temps[e]])
         episodes.append((task, frames, meta))
     return episodes
+
+
+def replay_commands(platform: Platform, commands: np.ndarray, q0: np.ndarray,
+                    world: str | None = None, seed: int = 0, kp: float | None = None,
+                    temperature: float | None = None) -> dict[str, np.ndarray]:
+    """Run command sequences in the hidden world and log them as :func:`run_tasks` does.
+
+    ``commands`` (S, T, n): S sequences of T goals, all started at rest at ``q0`` (n,) after
+    the world's settle time, each on its own arm with the same noise stream. ``world`` is a
+    world YAML (default ``conf/world/<platform>.yaml``) resolved with ``seed``. ``kp`` sets
+    the Position P gain register of every motor (default: the world's); ``temperature`` the
+    motors' starting temperature (default: ambient + the middle of ``initial_rise``). Frame
+    k holds the telemetry read just before goal k is written, so ``q[:, k + 1]`` is the
+    response to ``commands[:, k]``. Returns (S, T, n) arrays q, qd, voltage, temperature,
+    effort, q_cmd, and ``kp`` (n,): the gain that ran.
+    """
+    params = load_world(platform, world, seed)
+    if params.controller != "position_pid":
+        raise WorldError(f"world {params.source} is not a position-controlled servo world")
+    commands = np.asarray(commands, dtype=np.float64)
+    if commands.ndim != 3 or commands.shape[2] != platform.n or commands.shape[1] < 1:
+        raise WorldError(f"commands must have shape (sequences, frames, {platform.n}), "
+                         f"got {commands.shape}")
+    sequences, frames, n = commands.shape
+    world = World(platform, params, seed=[int(seed)] * sequences, n_envs=sequences)
+    if kp is not None:
+        world.servo.p = dict(world.servo.p, kp=np.full(n, float(kp)))
+    if temperature is None:
+        lo, hi = params.thermal["initial_rise"]
+        temperature = float(params.thermal["ambient"]) + 0.5 * (lo + hi)
+    world.reset(np.broadcast_to(np.asarray(q0, dtype=np.float64), (sequences, n)),
+                temperature=temperature)
+    world.step(float(params.physics["settle_seconds"]))
+    keys = ("q", "qd", "voltage", "temperature", "effort")
+    logs = {k: np.zeros((sequences, frames, n)) for k in (*keys, "q_cmd")}
+    for k in range(frames):
+        tel = world.telemetry()
+        world.set_goal(commands[:, k])
+        logs["q_cmd"][:, k] = world.goal()
+        for key in keys:
+            logs[key][:, k] = tel[key]
+        world.step(platform.control_dt)
+    logs["kp"] = np.asarray(world.servo.p["kp"], dtype=np.float64).reshape(-1)[:n].copy()
+    return logs
 
 
 def _portable_source(source: str) -> str:

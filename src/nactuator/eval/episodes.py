@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from nactuator.data import Episode, read_dataset
+from nactuator.data.commands import with_command_channels
 from nactuator.data.folds import fold_splits
 from nactuator.data.stats import median_within_episodes
 from nactuator.errors import UserError
@@ -103,7 +104,9 @@ def load_with_sources(data, platform: Platform, split: str | None,
         for ep in ds.episodes:
             if split is None or splits[(pos, ep.index)] == split:
                 check_episode(ep, platform.n, path)
-                out.append((path, ep))
+                # Commands and exogenous conditions (gain, supply at the start), exactly
+                # as the DataModule derives them for training.
+                out.append((path, with_command_channels(ep, f"{path}: episode {ep.index}")))
     return out
 
 

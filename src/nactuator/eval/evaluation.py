@@ -67,6 +67,25 @@ def _baselines(names, settings, data, platform, episodes, per_episode, rollouts,
             "wall_time_s": time.perf_counter() - t0}
 
 
+def _compare(ckpt, platform, recorded, per_episode, scales, horizons, device) -> dict:
+    """Roll a second checkpoint out on the same episodes; adds its joint rows (``compare``)
+    to ``per_episode`` in place and returns what it was."""
+    from nactuator.sim import Simulator
+
+    other, meta = load_actuator(ckpt, map_location=device)
+    if meta["platform"] != platform.name:
+        raise EvalDataError(f"--compare {ckpt} is for platform {meta['platform']!r}, the "
+                            f"evaluated checkpoint for {platform.name!r}")
+    window = temperature_window(meta)
+    episodes = [filter_temperature(ep, window) for _, ep in recorded]
+    rollouts = rollout(other, Simulator(platform, device=device), episodes, device=device)
+    for row, ep, ro in zip(per_episode, episodes, rollouts, strict=True):
+        q_true = ep.frames["q"][1:].astype("float64")
+        errors = M.prefix_mae(abs(ro.q[1:] - q_true) * scales, horizons)
+        row["joints"]["compare"] = {k: v.tolist() for k, v in errors.items()}
+    return {"checkpoint": str(ckpt), "mode": other.mode, "weights": meta.get("weights")}
+
+
 def _group(per_episode: list[dict], tasks: set[str]) -> dict | None:
     chosen = [e for e in per_episode if e["task"] in tasks]
     return M.aggregate(chosen) if chosen else None
@@ -76,7 +95,8 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
              split: str = "test", out: str | os.PathLike = "eval", device: str = "cpu",
              horizons: Sequence[int] = M.HORIZONS, cv: tuple[int, int] | None = None,
              baselines: str | Sequence[str] | None = None,
-             baselines_config: str | os.PathLike | None = None) -> str:
+             baselines_config: str | os.PathLike | None = None,
+             compare: str | os.PathLike | None = None) -> str:
     """Run the published protocol on every episode of ``split``; returns ``metrics.md``.
 
     Writes ``metrics.json`` (every per-episode, per-task and mean figure), ``metrics.md``
@@ -84,7 +104,10 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     cross-validation fold (its held-out runs are ``split="test"``). ``baselines`` (``"all"``
     or e.g. ``"id-linear,gmo,svm"``) adds the classical baselines, fitted on the train split
     of ``data``, as rows of the same tables (``nactuator.eval.baselines``;
-    ``baselines_config`` is a partial YAML merged onto ``conf/eval/baselines.yaml``). Raises
+    ``baselines_config`` is a partial YAML merged onto ``conf/eval/baselines.yaml``).
+    ``compare`` is a second checkpoint of the same platform rolled out on the same episodes
+    (joint rows ``compare``), e.g. a counterfactual model beside a telemetry-conditioned one:
+    the report names each checkpoint's mode (docs/counterfactual.md). Raises
     :class:`EvalDataError` for data that cannot be evaluated with this checkpoint (other
     platform, a missing input channel, empty split).
     """
@@ -124,6 +147,9 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     for (path, ep), ro, live in zip(sources, rollouts, causal, strict=True):
         scores = score_episode(ep, ro, scales, linear, horizons, causal=live)
         per_episode.append({"dataset": str(path), **scores})
+    compared = None
+    if compare is not None:
+        compared = _compare(compare, platform, recorded, per_episode, scales, horizons, device)
     baseline_result = None
     if baseline_names:
         baseline_result = _baselines(baseline_names, baseline_settings, data, platform,
@@ -154,6 +180,8 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
 
     result = {
         "checkpoint": str(ckpt),
+        "mode": actuator.mode,
+        **({"compare": compared} if compared is not None else {}),
         "weights": meta.get("weights"),
         "data": [str(p) for p in paths],
         "split": split,

@@ -20,6 +20,7 @@ __all__ = [
     "aggregate",
     "binary_metrics",
     "channel_scales",
+    "force_block",
     "force_errors",
     "horizon_keys",
     "no_contact_metrics",
@@ -213,3 +214,14 @@ def aggregate(per_episode: Sequence[Mapping]) -> dict:
         by_task.setdefault(str(ep["task"]), []).append(metrics)
     tasks = {t: _merge(eps) for t, eps in by_task.items()}
     return {"tasks": tasks, "mean": _merge(list(tasks.values()))}
+
+
+def force_block(pred: np.ndarray, label: np.ndarray, horizons: Iterable[int] = HORIZONS) -> dict:
+    """One method's force figures on one episode: per horizon, the 3-axis MAE, the z MAE
+    and the per-axis MAE (the layout of every force table)."""
+    err = force_errors(pred, label)
+    mae = prefix_mae(err.mean(axis=1), horizons)
+    mae_z = prefix_mae(err[:, 2], horizons)
+    axes = prefix_mae(err, horizons)
+    return {k: {"mae": float(mae[k]), "mae_z": float(mae_z[k]), "mae_axes": axes[k].tolist()}
+            for k in mae}

@@ -68,13 +68,29 @@ def rollout(actuator, sim, episodes: Sequence[Episode], device: str = "cpu") -> 
     return [batch.episode(j, ep.length) for j, ep in enumerate(episodes)]
 
 
-def _force_block(pred: np.ndarray, label: np.ndarray, horizons) -> dict:
-    err = M.force_errors(pred, label)
-    mae = M.prefix_mae(err.mean(axis=1), horizons)
-    mae_z = M.prefix_mae(err[:, 2], horizons)
-    axes = M.prefix_mae(err, horizons)
-    return {k: {"mae": float(mae[k]), "mae_z": float(mae_z[k]), "mae_axes": axes[k].tolist()}
-            for k in mae}
+G = 9.81  # m/s², the payload labels' gravity (NAD: f_z = -m g)
+
+
+def payload_estimates(ep: Episode, f_label: np.ndarray,
+                      estimates: dict[str, np.ndarray | None]) -> dict | None:
+    """The held payload read from the force: over the carry frames (a payload is recorded
+    and the force label's z is below -0.01 N), the mass each estimate implies
+    (-mean f_z / g, in grams) beside the label's, and the error."""
+    mass = ep.frames.get("payload_mass")
+    if mass is None:
+        return None
+    steps = len(f_label)
+    held = np.nan_to_num(np.asarray(mass, np.float64).reshape(-1)[:steps], nan=0.0) > 0
+    carry = held & (np.nan_to_num(f_label[:, 2], nan=0.0) < -M.CONTACT_THRESHOLD_N)
+    if not carry.any():
+        return None
+    true_g = float(-f_label[carry, 2].mean() / G * 1000.0)
+    out: dict = {"carry_frames": int(carry.sum()), "true_g": true_g}
+    for name, force in estimates.items():
+        if force is not None:
+            grams = float(-force[carry, 2].mean() / G * 1000.0)
+            out[name] = {"mass_g": grams, "abs_error_g": abs(grams - true_g)}
+    return out
 
 
 def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
@@ -98,13 +114,19 @@ def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
     # Force, gate and condition labels of the frames the steps are scored against.
     o = FORCE_LABEL_OFFSET
     f_label = force_labels(ep)[o:o + steps]
-    out["force"] = {"model": _force_block(ro.force, f_label, horizons)}
+    out["force"] = {"model": M.force_block(ro.force, f_label, horizons)}
     if causal is not None:
-        out["force"]["model_causal"] = _force_block(causal["force"][:steps], f_label, horizons)
+        out["force"]["model_causal"] = M.force_block(causal["force"][:steps], f_label, horizons)
     f_lin = None
     if linear is not None:
         f_lin = linear.predict(ep)[:steps]
-        out["force"]["linear_regression"] = _force_block(f_lin, f_label, horizons)
+        out["force"]["linear_regression"] = M.force_block(f_lin, f_label, horizons)
+
+    payload = payload_estimates(ep, f_label, {"model": ro.force, "linear_regression": f_lin,
+                                              "model_causal": None if causal is None
+                                              else causal["force"][:steps]})
+    if payload is not None:
+        out["payload"] = payload
 
     labelled = np.isfinite(f_label).any(axis=1)
     magnitude = np.linalg.norm(np.nan_to_num(f_label, nan=0.0), axis=1)

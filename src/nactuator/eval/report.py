@@ -9,6 +9,7 @@ __all__ = ["baseline_report", "markdown_report"]
 
 _METHOD_NAMES = {
     "model": "model",
+    "compare": "compared checkpoint (--compare)",
     "command_following": "command following (q = goal)",
     "linear_regression": "linear regression (train split)",
     # classical baselines (eval/baselines) and the model beside them on the recorded state
@@ -99,6 +100,14 @@ def markdown_report(result: Mapping) -> str:
     arm = result["arm_indices"]
     agg = result["aggregate"]
     lines = [f"# Evaluation of `{result['checkpoint']}`", ""]
+    if result.get("mode"):
+        lines.append(f"- model mode: **{result['mode']}** (counterfactual: commands, "
+                     "simulated state and pre-execution conditions only; telemetry: replays "
+                     "the recorded effort telemetry)")
+    if result.get("compare"):
+        c = result["compare"]
+        lines.append(f"- compared checkpoint (rows 'compared checkpoint'): `{c['checkpoint']}`"
+                     f", mode **{c['mode']}**, rolled out on the same episodes")
     lines += [
         f"- data: {', '.join(f'`{d}`' for d in result['data'])}; split **{result['split']}**; "
         f"platform **{result['platform']}**",
@@ -133,6 +142,15 @@ def markdown_report(result: Mapping) -> str:
     for title, g in groups:
         lines += ["", f"## Force MAE — {title} (mean over tasks)", ""]
         lines += force_table(g["mean"]["force"])
+
+    payload = mean.get("payload")
+    if payload:
+        lines += ["", "## Payload read from the force during the carry (mean over tasks)", ""]
+        rows = [[_METHOD_NAMES.get(k, k), _num(v["mass_g"], 0), _num(v["abs_error_g"], 0)]
+                for k, v in payload.items() if isinstance(v, Mapping)]
+        lines += _table([f"method (true {_num(payload['true_g'], 0)} g, "
+                         f"{_num(payload['carry_frames'], 0)} frames)", "mass (g)",
+                         "\\|error\\| (g)"], rows)
 
     binary_rows = []
     if "gate" in mean:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from nactuator.errors import UserError
+from nactuator.hardware.control_table import RegisterBlock, ServoSpec
 from nactuator.hardware.signals import interrupts_deferred
 from nactuator.platforms import Platform, load_platform
 
@@ -217,6 +218,9 @@ class TelemetryBus(abc.ABC):
             raise BusError(f"{platform.source}: hardware.ids lists {len(self.ids)} servos for "
                            f"{platform.n} channels {platform.channel_names}")
         self.names = platform.channel_names
+        self.model_number = int(hw.get("model_number", self.spec.model_number))
+        self.lo = np.array([c.limit_lower for c in platform.channels])  # goals are clipped
+        self.hi = np.array([c.limit_upper for c in platform.channels])
         self.calibration = calibration
         self.baudrate = int(hw.get("baudrate", 1_000_000))
         self.rx_timeout_ms = float(hw.get("rx_timeout_ms", 12.0))
@@ -361,7 +365,7 @@ class TelemetryBus(abc.ABC):
             delta = {k: v - self._since_ok[sid][k] for k, v in self.counters.items()}
             self._report_once(sid, "absent", (
                 f"servo {sid} ({self._name(sid)}) on {self.port} stopped answering "
-                f"({self._failures[sid]} reads of its telemetry block {self.telemetry_span} "
+                f"({self._failures[sid]} reads of its telemetry block {self.telemetry} "
                 f"failed in a row; on the bus since its last good read: "
                 f"{describe_failures(delta, self.rx_timeout_ms)}). Its channel is recorded "
                 f"with telemetry_valid=0; probing again every {self.reprobe_s:g} s"))
@@ -523,14 +527,14 @@ class TelemetryBus(abc.ABC):
         return sorted(self._absent)
 
     # --- what subclasses implement ----------------------------------------------------
-    telemetry_span: str = ""  # e.g. "124..146 (23 bytes)", for messages
+    spec: ServoSpec  # the servo model's control table: every register is addressed by name
+    telemetry: RegisterBlock  # the block read each cycle; str() gives e.g. "124..146 (23 bytes)"
 
     # Set by subclasses: the LeRobot bus, and the SDK port/packet handlers under it.
     lerobot: object
     _port: object
     _ph: object
     model: str
-    model_number: int
     setup_hint: str = ""  # how to fix IDs/baud on this servo family, for ServoMissingError
 
     def _connect(self) -> None:
@@ -606,11 +610,43 @@ class TelemetryBus(abc.ABC):
 
     def _broadcast_torque_off(self) -> None:
         """One unacknowledged Torque_Enable = 0 to every servo on the bus (broadcast ID)."""
-        self._ph.write1ByteTxOnly(self._port, self.BROADCAST_ID, self.TORQUE_ADDR, 0)
+        self._write_register(self.BROADCAST_ID, "Torque_Enable", 0, acknowledged=False)
 
     BROADCAST_ID = 0xFE
-    TORQUE_ADDR: int  # the Torque_Enable register (subclasses)
     GOAL_RETRIES = 5
+
+    # --- one register of one servo, by its control-table name -------------------------
+    def _read_register(self, sid: int, name: str) -> tuple[int, int, int]:
+        """(value, SDK result, status error byte); the value decoded as the servo encodes
+        it (two's complement / sign-magnitude) and meaningful only on COMM_SUCCESS."""
+        reg, ph, port = self.spec.registers[name], self._ph, self._port
+        if reg.size == 1:
+            raw, comm, err = ph.read1ByteTxRx(port, sid, reg.address)
+        elif reg.size == 2:
+            raw, comm, err = ph.read2ByteTxRx(port, sid, reg.address)
+        else:
+            raw, comm, err = ph.read4ByteTxRx(port, sid, reg.address)
+        return self.spec.decode(name, raw), comm, err
+
+    def _write_register(self, sid: int, name: str, value: int,
+                        acknowledged: bool = True) -> tuple[int, int]:
+        """(SDK result, status error byte); ``acknowledged=False`` sends without waiting
+        for a reply (broadcasts), returning (COMM_SUCCESS, 0) once sent."""
+        reg, ph, port = self.spec.registers[name], self._ph, self._port
+        raw = self.spec.encode(name, value)
+        if not acknowledged:
+            if reg.size == 1:
+                comm = ph.write1ByteTxOnly(port, sid, reg.address, raw)
+            elif reg.size == 2:
+                comm = ph.write2ByteTxOnly(port, sid, reg.address, raw)
+            else:
+                comm = ph.write4ByteTxOnly(port, sid, reg.address, raw)
+            return comm, 0
+        if reg.size == 1:
+            return ph.write1ByteTxRx(port, sid, reg.address, raw)
+        if reg.size == 2:
+            return ph.write2ByteTxRx(port, sid, reg.address, raw)
+        return ph.write4ByteTxRx(port, sid, reg.address, raw)
 
     def write_goal(self, q: np.ndarray) -> None:
         """Command joint targets (SI, channel order, clipped to the joint limits) with one
@@ -625,9 +661,11 @@ class TelemetryBus(abc.ABC):
     def _write_torque(self, sid: int, enabled: bool) -> str | None:
         """Write the torque register of one servo: None if acknowledged, else what failed."""
 
-    @abc.abstractmethod
     def _read_torque(self, sid: int) -> int | None:
         """The servo's torque register (0/1), or None if it does not answer."""
+        self._drain()
+        value, comm, _ = self._read_register(sid, "Torque_Enable")
+        return value if comm == COMM_SUCCESS else None
 
     @abc.abstractmethod
     def _explain(self, sid: int, problem: str) -> str:
@@ -651,9 +689,10 @@ class TelemetryBus(abc.ABC):
             q[k] = self.units[k].position(raw)
         return q
 
-    @abc.abstractmethod
     def _read_goal_raw(self, sid: int) -> int | None:
         """The servo's Goal_Position register (signed raw counts), or None if no answer."""
+        value, comm, _ = self._read_register(sid, "Goal_Position")
+        return value if comm == COMM_SUCCESS else None
 
 
 def open_bus(platform: str | Platform, port: str, calibration: str | Path | None = None,

@@ -1,15 +1,28 @@
-"""Control tables of the two servo models, as the emulators hold them in memory.
+"""Control tables of the two servo models: every register address, size and encoding.
 
-Addresses and sizes match LeRobot 0.4.4's tables (``lerobot/motors/*/tables.py``) and the
-XM430-W350 e-manual; defaults are factory values from servos.md §2 and §5. A
-:class:`ControlTable` is the byte image one servo answers READ/WRITE from.
+The one place that knows where a register lives. The buses address registers by name
+through a :class:`ServoSpec` (``spec.registers["Torque_Enable"].address``,
+``spec.block("Present_PWM", "Present_Temperature")``), and the emulators hold a
+:class:`ControlTable`, the byte image one servo answers READ/WRITE from, built from the same
+specs. Addresses and sizes match LeRobot 0.4.4's tables (``lerobot/motors/*/tables.py``)
+and the XM430-W350 e-manual; defaults are factory values from servos.md §2 and §5. Signed
+registers are encoded as :mod:`nactuator.servo_units` says (XM430 two's complement,
+STS3215 sign-magnitude).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nactuator.hardware.protocol.scs import decode_sign_magnitude, encode_sign_magnitude
+from nactuator.servo_units import (
+    STS_LOAD_SIGN_BIT,
+    STS_OFFSET_SIGN_BIT,
+    STS_SIGN_BIT,
+    decode_sign_magnitude,
+    decode_twos_complement,
+    encode_sign_magnitude,
+    encode_twos_complement,
+)
 
 
 @dataclass(frozen=True)
@@ -22,6 +35,25 @@ class Register:
 
 
 @dataclass(frozen=True)
+class RegisterBlock:
+    """A contiguous run of registers read with one request (the telemetry block), decoded
+    by name. ``str(block)`` is its span for messages, e.g. ``124..146 (23 bytes)``."""
+
+    spec: ServoSpec
+    address: int
+    length: int
+    layout: tuple[tuple[str, int, int], ...]  # (name, offset in the block, size)
+
+    def decode(self, data: bytes) -> dict[str, int]:
+        """Each register of the block in ``data``, decoded as the servo encodes it."""
+        return {name: self.spec.decode(name, int.from_bytes(data[at : at + size], "little"))
+                for name, at, size in self.layout}
+
+    def __str__(self) -> str:
+        return f"{self.address}..{self.address + self.length - 1} ({self.length} bytes)"
+
+
+@dataclass(frozen=True)
 class ServoSpec:
     model: str  # LeRobot model name
     model_number: int
@@ -30,6 +62,39 @@ class ServoSpec:
     memory_size: int
     eeprom_end: int  # addresses below this are EEPROM (writable only with torque off)
     twos_complement: bool  # XM430 True; STS3215 sign-magnitude
+
+    def decode(self, name: str, raw: int) -> int:
+        """A register's unsigned bytes (as an int) -> its value."""
+        reg = self.registers[name]
+        if reg.signed is None:
+            return raw
+        if self.twos_complement:
+            return decode_twos_complement(raw, 8 * reg.size)
+        return decode_sign_magnitude(raw, reg.signed)
+
+    def encode(self, name: str, value: int) -> int:
+        """A register's value -> its unsigned bytes (as an int), clipped to what fits."""
+        reg = self.registers[name]
+        value = int(value)
+        if reg.signed is None:
+            return max(0, min(value, (1 << (8 * reg.size)) - 1))
+        if self.twos_complement:
+            bits = 8 * reg.size
+            lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+            return encode_twos_complement(max(lo, min(value, hi)), bits)
+        limit = (1 << reg.signed) - 1
+        return encode_sign_magnitude(max(-limit, min(value, limit)), reg.signed)
+
+    def block(self, first: str, last: str) -> RegisterBlock:
+        """Registers ``first`` .. ``last`` (by address) as one block."""
+        start = self.registers[first].address
+        end = self.registers[last].address + self.registers[last].size
+        if end <= start:
+            raise ValueError(f"{self.model}: register {last!r} lies before {first!r}")
+        layout = tuple((name, reg.address - start, reg.size)
+                       for name, reg in sorted(self.registers.items(), key=lambda r: r[1].address)
+                       if start <= reg.address and reg.address + reg.size <= end)
+        return RegisterBlock(self, start, end - start, layout)
 
 
 R = Register
@@ -96,6 +161,10 @@ XM430_W350 = ServoSpec(
     },
 )
 
+# Hardware_Error_Status bits (XM430 e-manual): what the firmware detected and latched.
+XM430_HARDWARE_ERRORS = {0: "input voltage", 2: "overheating", 3: "motor encoder",
+                         4: "electrical shock", 5: "overload"}
+
 STS3215 = ServoSpec(
     model="sts3215",
     model_number=777,
@@ -128,7 +197,7 @@ STS3215 = ServoSpec(
         "CCW_Dead_Zone": R(27, 1, "RW", 1),
         "Protection_Current": R(28, 2, "RW", 500),
         "Angular_Resolution": R(30, 1, "RW", 1),
-        "Homing_Offset": R(31, 2, "RW", 0, signed=11),
+        "Homing_Offset": R(31, 2, "RW", 0, signed=STS_OFFSET_SIGN_BIT),
         "Operating_Mode": R(33, 1, "RW", 0),
         "Protective_Torque": R(34, 1, "RW", 20),
         "Protection_Time": R(35, 1, "RW", 200),
@@ -138,14 +207,14 @@ STS3215 = ServoSpec(
         "Velocity_closed_loop_I_integral_coefficient": R(39, 1, "RW", 200),
         "Torque_Enable": R(40, 1, "RW", 0),
         "Acceleration": R(41, 1, "RW", 0),
-        "Goal_Position": R(42, 2, "RW", 2048, signed=15),
+        "Goal_Position": R(42, 2, "RW", 2048, signed=STS_SIGN_BIT),
         "Goal_Time": R(44, 2, "RW", 0),
-        "Goal_Velocity": R(46, 2, "RW", 0, signed=15),
+        "Goal_Velocity": R(46, 2, "RW", 0, signed=STS_SIGN_BIT),
         "Torque_Limit": R(48, 2, "RW", 1000),
         "Lock": R(55, 1, "RW", 0),
-        "Present_Position": R(56, 2, "R", 2048, signed=15),
-        "Present_Velocity": R(58, 2, "R", 0, signed=15),
-        "Present_Load": R(60, 2, "R", 0, signed=10),
+        "Present_Position": R(56, 2, "R", 2048, signed=STS_SIGN_BIT),
+        "Present_Velocity": R(58, 2, "R", 0, signed=STS_SIGN_BIT),
+        "Present_Load": R(60, 2, "R", 0, signed=STS_LOAD_SIGN_BIT),
         "Present_Voltage": R(62, 1, "R", 74),
         "Present_Temperature": R(63, 1, "R", 30),
         "Status": R(65, 1, "R", 0),
@@ -178,25 +247,12 @@ class ControlTable:
     def get(self, name: str) -> int:
         reg = self.spec.registers[name]
         raw = int.from_bytes(self.memory[reg.address : reg.address + reg.size], "little")
-        if reg.signed is None:
-            return raw
-        if self.spec.twos_complement:
-            bits = 8 * reg.size
-            return raw - (1 << bits) if raw & (1 << (bits - 1)) else raw
-        return decode_sign_magnitude(raw, reg.signed)
+        return self.spec.decode(name, raw)
 
     def set(self, name: str, value: int) -> None:
+        """Store ``value``, clipped to what the register holds."""
         reg = self.spec.registers[name]
-        value = int(value)
-        if reg.signed is None:
-            raw = max(0, min(value, (1 << (8 * reg.size)) - 1))
-        elif self.spec.twos_complement:
-            bits = 8 * reg.size
-            lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-            raw = max(lo, min(value, hi)) & ((1 << bits) - 1)
-        else:
-            limit = (1 << reg.signed) - 1
-            raw = encode_sign_magnitude(max(-limit, min(value, limit)), reg.signed)
+        raw = self.spec.encode(name, value)
         self.memory[reg.address : reg.address + reg.size] = raw.to_bytes(reg.size, "little")
 
     # --- the bus's view: raw bytes ------------------------------------------------------

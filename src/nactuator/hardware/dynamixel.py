@@ -2,56 +2,54 @@
 
 LeRobot's ``DynamixelMotorsBus`` opens the port, pings and checks each servo, switches
 torque and sync-writes goals. Telemetry is one FAST_SYNC_READ of the contiguous block
-124..146 (23 bytes: PWM, current, velocity, position, both trajectories, voltage,
-temperature) per cycle, sent with ``dynamixel_sdk``'s packet handler: LeRobot reads one
-register per sync read and cannot see the per-servo error byte. Units: ``units.py``.
+Present_PWM..Present_Temperature (124..146, 23 bytes: PWM, current, velocity, position, both
+trajectories, voltage, temperature) per cycle, sent with ``dynamixel_sdk``'s packet
+handler: LeRobot reads one register per sync read and cannot see the per-servo error byte.
+Registers are addressed by name (``control_table.py``); units: ``servo_units.py``.
 """
 
 from __future__ import annotations
 
 import dynamixel_sdk as dxl
-import numpy as np
 from lerobot.motors import Motor, MotorNormMode
 from lerobot.motors.dynamixel import DynamixelMotorsBus
 
-from nactuator.hardware import units
+from nactuator import servo_units as units
 from nactuator.hardware.bus import (
     TelemetryBus,
     TelemetryFrame,
     lerobot_calibration,
 )
+from nactuator.hardware.control_table import XM430_HARDWARE_ERRORS, XM430_W350
 
-TELEMETRY_ADDR, TELEMETRY_LEN = 124, 23
-HW_ERROR_ADDR = 70
-TORQUE_ADDR, GOAL_ADDR = 64, 116
+TELEMETRY = XM430_W350.block("Present_PWM", "Present_Temperature")
 FAST_SYNC_MIN_FIRMWARE = 45
-HW_ERROR_BITS = {0: "input voltage", 2: "overheating", 3: "motor encoder",
-                 4: "electrical shock", 5: "overload"}
+
+_ADDRESS = {name: reg.address for name, reg in XM430_W350.registers.items()}  # for messages
 HW_ERROR_ADVICE = {
-    0: "check the supply (12 V, enough current) and the voltage limits (registers 32/34)",
+    0: "check the supply (12 V, enough current) and the voltage limits (registers "
+       f"{_ADDRESS['Max_Voltage_Limit']}/{_ADDRESS['Min_Voltage_Limit']})",
     2: "let it cool down; reduce load or duty cycle",
     3: "the motor encoder failed: contact ROBOTIS",
     4: "electrical shock/short: check wiring and supply",
-    5: "it was overloaded: remove the blocking load; check Current Limit (38)",
+    5: "it was overloaded: remove the blocking load; check Current Limit "
+       f"({_ADDRESS['Current_Limit']})",
 }
 
 
 def hardware_error_text(status: int) -> str:
-    bits = [b for b in HW_ERROR_BITS if status & (1 << b)]
+    bits = [b for b in XM430_HARDWARE_ERRORS if status & (1 << b)]
     if not bits:
         return f"Hardware Error Status 0x{status:02X}"
-    parts = "; ".join(f"{HW_ERROR_BITS[b]} ({HW_ERROR_ADVICE[b]})" for b in bits)
-    return (f"Hardware Error Status (register 70) = 0x{status:02X}: {parts}. The firmware "
-            "switched torque off; clear it with a REBOOT instruction or a power cycle")
-
-
-def _s(raw: int, bits: int) -> int:
-    return raw - (1 << bits) if raw & (1 << (bits - 1)) else raw
+    parts = "; ".join(f"{XM430_HARDWARE_ERRORS[b]} ({HW_ERROR_ADVICE[b]})" for b in bits)
+    return (f"Hardware Error Status (register {_ADDRESS['Hardware_Error_Status']}) = "
+            f"0x{status:02X}: {parts}. The firmware switched torque off; clear it with a "
+            "REBOOT instruction or a power cycle")
 
 
 class DynamixelTelemetryBus(TelemetryBus):
-    telemetry_span = "124..146 (23 bytes)"
-    TORQUE_ADDR = TORQUE_ADDR
+    spec = XM430_W350
+    telemetry = TELEMETRY
     RX_TIMEOUT, RX_CORRUPT = dxl.COMM_RX_TIMEOUT, dxl.COMM_RX_CORRUPT
 
     def __init__(self, platform, port, calibration=None, torque=None,
@@ -59,14 +57,11 @@ class DynamixelTelemetryBus(TelemetryBus):
         super().__init__(platform, port, calibration, torque, torque_off_on_close)
         hw = platform.hardware
         self.model = str(hw.get("servo", "xm430_w350")).replace("_", "-")
-        self.model_number = int(hw.get("model_number", 1020))
         m_per_pulse = float(hw.get("gripper_m_per_pulse", units.OMX_GRIPPER_M_PER_PULSE))
         self.units = [units.xm430_units(c.kind == "prismatic", m_per_pulse)
                       for c in platform.channels]
         self.effort_signal = platform.effort_signal
         self.use_fast = bool(hw.get("fast_sync_read", True))
-        self.lo = np.array([c.limit_lower for c in platform.channels])
-        self.hi = np.array([c.limit_upper for c in platform.channels])
         motors = {n: Motor(i, self.model, MotorNormMode.RANGE_M100_100)
                   for n, i in zip(self.names, self.ids, strict=True)}
         self.lerobot = DynamixelMotorsBus(
@@ -83,7 +78,7 @@ class DynamixelTelemetryBus(TelemetryBus):
         super()._check_servos()
         firmware = {}
         for sid in self.ids:
-            fw, comm, _ = self._ph.read1ByteTxRx(self._port, sid, 6)
+            fw, comm, _ = self._read_register(sid, "Firmware_Version")
             firmware[sid] = fw if comm == dxl.COMM_SUCCESS else 0
         if self.use_fast and any(fw < FAST_SYNC_MIN_FIRMWARE for fw in firmware.values()):
             self.use_fast = False  # fast sync read needs firmware >= 45: plain sync read
@@ -100,7 +95,8 @@ class DynamixelTelemetryBus(TelemetryBus):
         port = self._port
         self._drain()  # drop (and count) late replies of a timed-out earlier request
         fast = self.use_fast
-        result = self._ph.syncReadTx(port, TELEMETRY_ADDR, TELEMETRY_LEN, ids, len(ids), fast)
+        result = self._ph.syncReadTx(port, TELEMETRY.address, TELEMETRY.length, ids, len(ids),
+                                     fast)
         if result != dxl.COMM_SUCCESS:
             port.is_using = False
             return {}, {}
@@ -114,11 +110,11 @@ class DynamixelTelemetryBus(TelemetryBus):
                 if rx[4] != dxl.BROADCAST_ID:
                     self.counters["late_replies"] += 1  # a servo's own reply to an old read
                     return {}, {}
-                k, step = 8, TELEMETRY_LEN + 4  # after header(4) ID LEN(2) 0x55; ERR ID DATA CRC
+                k, step = 8, TELEMETRY.length + 4  # after header(4) ID LEN(2) 0x55; ERR ID DATA CRC
                 for _ in ids:
                     if k + step > len(rx) or rx[k + 1] not in ids:
                         return {}, {}  # malformed: let the per-servo retry decide
-                    blocks[rx[k + 1]] = bytes(rx[k + 2 : k + 2 + TELEMETRY_LEN])
+                    blocks[rx[k + 1]] = bytes(rx[k + 2 : k + 2 + TELEMETRY.length])
                     errors[rx[k + 1]] = self._error_text(rx[k + 1], rx[k])
                     k += step
             return blocks, errors
@@ -132,7 +128,7 @@ class DynamixelTelemetryBus(TelemetryBus):
                                                   and port.isPacketTimeout()):
                 break
             if result == dxl.COMM_SUCCESS and rx[4] in ids:
-                blocks[rx[4]] = bytes(rx[9 : 9 + TELEMETRY_LEN])
+                blocks[rx[4]] = bytes(rx[9 : 9 + TELEMETRY.length])
                 errors[rx[4]] = self._error_text(rx[4], rx[8])
             elif result == dxl.COMM_SUCCESS:
                 self.counters["late_replies"] += 1
@@ -142,7 +138,8 @@ class DynamixelTelemetryBus(TelemetryBus):
         blocks, errors = {}, {}
         for sid in ids:
             self._drain()
-            if self._ph.readTx(self._port, sid, TELEMETRY_ADDR, TELEMETRY_LEN) != dxl.COMM_SUCCESS:
+            if self._ph.readTx(self._port, sid, TELEMETRY.address, TELEMETRY.length) \
+                    != dxl.COMM_SUCCESS:
                 self._port.is_using = False
                 continue
             self._port.setPacketTimeoutMillis(self.rx_timeout_ms)
@@ -152,14 +149,14 @@ class DynamixelTelemetryBus(TelemetryBus):
                 if result != dxl.COMM_SUCCESS or rx[4] == sid:
                     break
                 self.counters["late_replies"] += 1  # another request's reply, late
-            if result == dxl.COMM_SUCCESS and len(rx) >= 9 + TELEMETRY_LEN:
-                blocks[sid] = bytes(rx[9 : 9 + TELEMETRY_LEN])
+            if result == dxl.COMM_SUCCESS and len(rx) >= 9 + TELEMETRY.length:
+                blocks[sid] = bytes(rx[9 : 9 + TELEMETRY.length])
                 errors[sid] = self._error_text(sid, rx[8])
         return blocks, errors
 
     def _error_text(self, sid: int, err: int) -> str:
-        """'' if fine. The Alert bit (7) means a latched hardware error: read register 70
-        once to say which (that costs one extra read, only when it first appears)."""
+        """'' if fine. The Alert bit (7) means a latched hardware error: read
+        Hardware_Error_Status once to say which (one extra read, only when it first appears)."""
         if err & 0x7F:
             return f"status error: {self._ph.getRxPacketError(err & 0x7F)}"
         if not err & 0x80:
@@ -172,27 +169,24 @@ class DynamixelTelemetryBus(TelemetryBus):
 
     def read_hardware_error(self, sid: int) -> int | None:
         self._drain()
-        value, comm, _ = self._ph.read1ByteTxRx(self._port, sid, HW_ERROR_ADDR)
+        value, comm, _ = self._read_register(sid, "Hardware_Error_Status")
         return value if comm == dxl.COMM_SUCCESS else None
 
     def _decode(self, k: int, b: bytes, f: TelemetryFrame) -> None:
-        pwm = _s(b[0] | b[1] << 8, 16)
-        cur = _s(b[2] | b[3] << 8, 16)
-        vel = _s(int.from_bytes(b[4:8], "little"), 32)
-        pos = _s(int.from_bytes(b[8:12], "little"), 32)
+        r = TELEMETRY.decode(b)
         u = self.units[k]
-        f.q[k] = u.position(pos)
-        f.qd[k] = u.velocity(vel)
-        f.current[k] = cur * units.XM430_A_PER_UNIT
-        f.pwm[k] = pwm / units.XM430_PWM_FULL
-        f.voltage[k] = (b[20] | b[21] << 8) * units.VOLT_PER_UNIT
-        f.temperature[k] = b[22]
+        f.q[k] = u.position(r["Present_Position"])
+        f.qd[k] = u.velocity(r["Present_Velocity"])
+        f.current[k] = r["Present_Current"] * units.XM430_A_PER_UNIT
+        f.pwm[k] = r["Present_PWM"] / units.XM430_PWM_FULL
+        f.voltage[k] = r["Present_Input_Voltage"] * units.VOLT_PER_UNIT
+        f.temperature[k] = r["Present_Temperature"]
         f.effort[k] = f.pwm[k] if self.effort_signal == "pwm" else f.current[k]
 
     # --- commands -----------------------------------------------------------------------
     def _write_torque(self, sid: int, enabled: bool) -> str | None:
         self._drain()
-        comm, err = self._ph.write1ByteTxRx(self._port, sid, TORQUE_ADDR, int(enabled))
+        comm, err = self._write_register(sid, "Torque_Enable", int(enabled))
         if comm != dxl.COMM_SUCCESS:
             return "no status packet"
         if err & 0x7F:
@@ -200,15 +194,6 @@ class DynamixelTelemetryBus(TelemetryBus):
         if err & 0x80 and enabled:
             return "hardware error alert"
         return None
-
-    def _read_goal_raw(self, sid: int) -> int | None:
-        value, comm, _ = self._ph.read4ByteTxRx(self._port, sid, GOAL_ADDR)
-        return _s(value, 32) if comm == dxl.COMM_SUCCESS else None
-
-    def _read_torque(self, sid: int) -> int | None:
-        self._drain()
-        value, comm, _ = self._ph.read1ByteTxRx(self._port, sid, TORQUE_ADDR)
-        return value if comm == dxl.COMM_SUCCESS else None
 
     def _explain(self, sid: int, problem: str) -> str:
         if problem == "no status packet":

@@ -40,7 +40,7 @@ from nactuator.hardware.bus import (
     open_bus,
 )
 from nactuator.hardware.signals import interrupts_deferred, sigterm_as_interrupt
-from nactuator.hardware.timing import sleep_until
+from nactuator.hardware.timing import FixedRate
 from nactuator.platforms import Platform, load_platform
 
 log = logging.getLogger(__name__)
@@ -108,11 +108,12 @@ def _ramp_to(follower: TelemetryBus, target: np.ndarray, seconds: float, fps: fl
     start = follower.wait_ready().q
     start = np.where(np.isfinite(start), start, target)
     steps = max(1, int(seconds * fps))
+    pace = FixedRate(fps).start()
     for k in range(1, steps + 1):
         s = k / steps
         s = s * s * (3 - 2 * s)  # smoothstep: zero velocity at both ends
         follower.write_goal(start + s * (target - start))
-        time.sleep(1.0 / fps)
+        pace.wait()
     t_end = time.monotonic() + settle_s
     off = math.inf
     while time.monotonic() < t_end:
@@ -120,7 +121,7 @@ def _ramp_to(follower: TelemetryBus, target: np.ndarray, seconds: float, fps: fl
         if off < tolerance:
             return
         follower.write_goal(target)
-        time.sleep(1.0 / fps)
+        pace.wait()
     log.warning("follower did not reach the leader's pose within %.1f s (worst joint off by "
                 "%.3f); recording anyway", settle_s, off)
 
@@ -137,18 +138,18 @@ def _record_episode(leader: TelemetryBus, follower: TelemetryBus, buf: EpisodeBu
     """Record one episode into ``buf``; ``stats`` is filled as it goes (it survives an
     interrupt). Every slot of the episode is either a frame or counted in
     ``stats["overruns"]``: frames + overruns = round(seconds * fps) unless stopped early."""
-    period = 1.0 / fps
     n_slots = max(1, round(seconds * fps))
     lo = np.array([c.limit_lower for c in follower.platform.channels])
     hi = np.array([c.limit_upper for c in follower.platform.channels])
     q_cmd = follower.read_goal()
     stats.update(overruns=0, invalid_frames=0, leader_invalid=0)
-    t0 = time.monotonic()
+    t0 = time.monotonic()  # frame timestamps: the bus's frame times since the episode began
     t_rate, k_rate = -math.inf, 0
-    slot = 0
-    # The episode lasts ``seconds`` of wall time; a cycle that overruns costs frames (counted
-    # as dropped), it never stretches the episode.
-    while slot < n_slots and not (stop is not None and stop.is_set()):
+    # The episode lasts ``seconds`` of wall time (``n_slots`` slots of the fixed-rate loop);
+    # a cycle that overruns costs frames (lost slots, counted as dropped), it never
+    # stretches the episode.
+    pace = FixedRate(fps).start()
+    while pace.slot < n_slots and not (stop is not None and stop.is_set()):
         lead = leader.read()
         # Hold the previous command for a leader motor that was not read: that hold is
         # exactly what the follower was commanded, so recording it invents nothing.
@@ -163,19 +164,11 @@ def _record_episode(leader: TelemetryBus, follower: TelemetryBus, buf: EpisodeBu
             k_rate += 1
             now = time.monotonic()
             if now - t_rate >= 0.5:
-                rate = k_rate / (now - t_rate) if math.isfinite(t_rate) else 0.0
-                bar.set_postfix(rate=f"{rate:.1f}Hz", dropped=stats["overruns"],
+                hz = k_rate / (now - t_rate) if math.isfinite(t_rate) else 0.0
+                bar.set_postfix(rate=f"{hz:.1f}Hz", dropped=stats["overruns"],
                                 invalid=stats["invalid_frames"], T=_hottest(frame))
                 t_rate, k_rate = now, 0
-        slot += 1
-        delay = t0 + slot * period - time.monotonic()
-        if delay > 0:
-            sleep_until(time.perf_counter() + delay)
-        elif delay < -period:
-            # More than one period late: those slots are lost. Skip them, stay on the grid.
-            lost = min(int(-delay // period), n_slots - slot)
-            stats["overruns"] += lost
-            slot += lost
+        stats["overruns"] += pace.wait(n_slots)
 
 
 def record(platform: str | Platform, leader: str, follower: str, task: str,

@@ -8,8 +8,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from nactuator.models.features import DEFAULT_FEATURES, FeatureBuilder
+from nactuator.models.features import DEFAULT_FEATURES, FeatureBuilder, actuator_mode
+from nactuator.models.firmware import FirmwareLaw
 from nactuator.models.networks import build_model
+from nactuator.models.physics import build_physics
 
 
 def upgrade_model_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -29,6 +31,13 @@ class NeuralActuator(nn.Module):
     ``model_config`` is ``{"arch": ..., "window_length": 9, **sizes}`` (``conf/model/*.yaml``;
     default: the transformer). The resolved config (every size filled in) is kept in
     ``self.model_config``.
+
+    Two optional entries of ``model_config`` make a counterfactual actuator
+    (docs/counterfactual.md): ``firmware`` (the servo's position-law constants,
+    :class:`~nactuator.models.firmware.FirmwareLaw`), needed by the ``duty`` feature group,
+    and ``physics`` (e.g. ``{"kind": "dc_motor", **priors}``,
+    :mod:`nactuator.models.physics`): a physical actuator model whose torque the network's
+    output is added to, as a learned residual.
     """
 
     def __init__(self, features: Sequence[str] = DEFAULT_FEATURES, n_motors: int | None = None,
@@ -45,10 +54,20 @@ class NeuralActuator(nn.Module):
         config = upgrade_model_config(model_config or {"arch": "transformer"})
         if "arch" not in config:
             raise ValueError(f"model_config needs an 'arch' key, got keys {sorted(config)}")
-        self.feature_builder = FeatureBuilder(features, n_motors, norm_stats)
+        firmware_config = config.pop("firmware", None)
+        physics_config = config.pop("physics", None)
+        firmware = (None if firmware_config is None
+                    else FirmwareLaw.from_config(firmware_config, "model_config 'firmware'"))
+        self.feature_builder = FeatureBuilder(features, n_motors, norm_stats, firmware=firmware)
         self.n_motors = n_motors
         self.net = build_model(n_in=self.feature_builder.n_in, n_motors=n_motors, **config)
+        self.physics = (None if physics_config is None
+                        else build_physics(physics_config, n_motors, firmware))
         self.model_config = dict(self.net.config)
+        if firmware is not None:
+            self.model_config["firmware"] = firmware.to_config()
+        if physics_config is not None:
+            self.model_config["physics"] = dict(physics_config)
 
     @property
     def window_length(self) -> int:
@@ -63,7 +82,18 @@ class NeuralActuator(nn.Module):
     @property
     def inputs(self) -> list[str]:
         """The window keys this actuator reads."""
-        return list(self.feature_builder.inputs)
+        extra = [] if self.physics is None else [
+            k for k in self.physics.inputs if k not in self.feature_builder.inputs]
+        return [*self.feature_builder.inputs, *extra]
+
+    @property
+    def mode(self) -> str:
+        """``"counterfactual"`` (reads only what exists before execution) or ``"telemetry"``
+        (replays recorded telemetry of the motion it predicts)."""
+        return actuator_mode(self.inputs)
 
     def forward(self, window: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return self.net(self.feature_builder(window))
+        out = self.net(self.feature_builder(window))
+        if self.physics is not None:
+            out["tau"] = self.physics(window) + out["tau"]
+        return out

@@ -71,6 +71,9 @@ def bundle_to_dict(actuator: NeuralActuator, platform: str,
         "format": BUNDLE_FORMAT,
         "platform": platform,
         "features": actuator.features,
+        # counterfactual | telemetry: whether the model replays recorded telemetry
+        # (derived from the inputs; stored so a reader can tell without building it).
+        "mode": actuator.mode,
         "n_motors": actuator.n_motors,
         "norm_stats": actuator.feature_builder.norm_stats(),
         "model_config": dict(actuator.model_config),
@@ -165,5 +168,5 @@ def load_actuator(source: str | os.PathLike | Mapping, use_ema: bool = True,
     meta = {k: bundle.get(k) for k in ("format", "platform", "features", "n_motors",
                                        "norm_stats", "model_config", "training_config",
                                        "extra")}
-    meta.update(weights=weights, source=where)
+    meta.update(weights=weights, source=where, mode=actuator.mode)
     return actuator, meta

@@ -4,6 +4,14 @@ Feature groups (Contract 4) name which channels go into a token, in this order i
 each group; groups appear in the order they are listed. The tracking error is computed
 here from ``q_cmd`` and ``q`` rather than read from the window, so that when a rollout
 overwrites ``q`` with the simulated state the error follows automatically (nad-format §7.3).
+The commanded duty (``duty``: the firmware's position law applied to the goal, the gain and
+the simulated angle, :mod:`nactuator.models.firmware`) is derived the same way.
+
+Two modes follow from the groups (docs/counterfactual.md): a model whose groups read recorded
+telemetry (``telemetry``: effort, voltage, temperature traces) is *telemetry-conditioned*;
+one that reads only what exists before execution (commands, the simulated state, the gain,
+the supply and temperature at the start) is *counterfactual* and can predict the response to
+commands that were never executed.
 """
 
 from __future__ import annotations
@@ -13,14 +21,32 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from nactuator.models.firmware import FirmwareLaw
+
 FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
     "command": ("q_cmd",),
     "state": ("q", "qd"),
     "telemetry": ("effort", "voltage", "temperature"),
     "error": ("error",),
+    # Counterfactual inputs (nactuator.data.commands): known before execution.
+    "enable": ("torque_enable",),
+    "duty": ("duty",),
+    "supply": ("supply_voltage",),
+    "thermal": ("initial_temperature",),
 }
 DEFAULT_FEATURES = ("command", "state", "telemetry", "error")
-DERIVED = {"error"}  # channels computed from others, never read from the window
+COUNTERFACTUAL_FEATURES = ("state", "duty", "enable", "supply")
+# Channels computed from others, never read from the window, and what each needs.
+DERIVED: dict[str, tuple[str, ...]] = {
+    "error": ("q_cmd", "q"),
+    "duty": ("q_cmd", "q", "kp", "torque_enable"),
+}
+# Recorded during the motion itself: a model reading any of them replays its telemetry.
+TELEMETRY_CHANNELS = ("effort", "voltage", "temperature", "pwm", "current")
+# Channels with a natural scale: normalised with these (mean, std) when the statistics lack
+# them (the DataModule does not compute statistics of derived or binary channels).
+FIXED_STATS = {"duty": (0.0, 1.0), "torque_enable": (0.0, 1.0)}
+MODES = ("counterfactual", "telemetry")
 
 
 def feature_channels(features: Sequence[str]) -> list[str]:
@@ -41,15 +67,24 @@ def window_channels(features: Sequence[str]) -> list[str]:
     """The raw window keys the groups need (``error`` needs ``q_cmd`` and ``q``)."""
     needed: list[str] = []
     for key in feature_channels(features):
-        for raw in (("q_cmd", "q") if key == "error" else (key,)):
+        for raw in DERIVED.get(key, (key,)):
             if raw not in needed:
                 needed.append(raw)
     return needed
 
 
+def actuator_mode(inputs: Sequence[str]) -> str:
+    """``"telemetry"`` if the window keys ``inputs`` include recorded telemetry, else
+    ``"counterfactual"`` (only what exists before execution)."""
+    return "telemetry" if any(k in TELEMETRY_CHANNELS for k in inputs) else "counterfactual"
+
+
 def _stats_vector(norm_stats: Mapping, key: str, field: str, n_motors: int) -> torch.Tensor:
     try:
-        values = norm_stats[key][field]
+        if key in FIXED_STATS and key not in norm_stats:
+            values = [FIXED_STATS[key][field == "std"]] * n_motors
+        else:
+            values = norm_stats[key][field]
     except (KeyError, TypeError) as err:
         raise ValueError(f"norm_stats is missing {key!r}.{field!r}; expected "
                          f"{{key: {{'mean': [n], 'std': [n]}}}} for every feature channel"
@@ -70,11 +105,16 @@ class FeatureBuilder(nn.Module):
     """
 
     def __init__(self, features: Sequence[str], n_motors: int, norm_stats: Mapping,
-                 eps: float = 1e-6, clip: float = 10.0) -> None:
+                 eps: float = 1e-6, clip: float = 10.0,
+                 firmware: FirmwareLaw | None = None) -> None:
         super().__init__()
         self.features = list(features)
         self.channels = feature_channels(self.features)
         self.inputs = window_channels(self.features)
+        if "duty" in self.channels and firmware is None:
+            raise ValueError("feature group 'duty' needs the servo firmware law (model_config "
+                             "'firmware', from the platform's hardware.firmware)")
+        self.firmware = firmware
         self.n_motors = n_motors
         self.n_in = n_motors * len(self.channels)
         self.clip = clip
@@ -112,11 +152,18 @@ class FeatureBuilder(nn.Module):
         train-set mean) instead of the outliers that normalised zeros would be."""
         if not torch.jit.is_tracing():  # a trace records the shapes it was given
             self._check(window)
-        columns = [window["q_cmd"] - window["q"] if k == "error" else window[k]
-                   for k in self.channels]
+        columns = [self._column(window, k) for k in self.channels]
         tokens = ((torch.cat(columns, dim=-1) - self.mean) / self.std).clamp(
             -self.clip, self.clip)
         pad = window.get("pad")
         if pad is not None:
             tokens = tokens.masked_fill(pad.to(torch.bool).unsqueeze(-1), 0.0)
         return tokens
+
+    def _column(self, window: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
+        if key == "error":
+            return window["q_cmd"] - window["q"]
+        if key == "duty":
+            return self.firmware.duty(window["q_cmd"], window["q"], window["kp"],
+                                      window["torque_enable"])
+        return window[key]

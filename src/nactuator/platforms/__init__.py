@@ -1,7 +1,7 @@
 """Platform descriptions: one YAML file per robot in ``conf/platform/``.
 
 A :class:`Platform` is the single source of truth every room agrees on: channel order,
-units, control period, substeps, effort bounds, joint dynamics, end effector, effort
+units, control period, substeps, torque bounds, joint dynamics, end effector, effort
 signal and the servo bus. Rooms read the core fields; room-specific extras live in the
 ``sim``/``data``/``hardware`` sections, which belong to those rooms.
 """
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 _KINDS = {"revolute": "rad", "prismatic": "m"}
-_EFFORT_UNITS = {"revolute": "N*m", "prismatic": "N"}
+_TORQUE_UNITS = {"revolute": "N*m", "prismatic": "N"}
 EFFORT_SIGNALS = ("current", "load", "torque", "pwm")
 
 
@@ -43,8 +43,8 @@ class Channel:
 
     name: str
     kind: str  # "revolute" (rad, N*m) or "prismatic" (m, N)
-    effort_min: float
-    effort_max: float
+    torque_min: float  # bounds of the joint torque (N*m; N on a prismatic channel)
+    torque_max: float
     limit_lower: float
     limit_upper: float
     armature: float  # kg*m^2 (revolute) or kg (prismatic): reflected rotor inertia
@@ -56,8 +56,8 @@ class Channel:
         return _KINDS[self.kind]
 
     @property
-    def effort_unit(self) -> str:
-        return _EFFORT_UNITS[self.kind]
+    def torque_unit(self) -> str:
+        return _TORQUE_UNITS[self.kind]
 
 
 @dataclass(frozen=True)
@@ -105,12 +105,12 @@ class Platform:
         return self.control_dt / self.substeps
 
     @property
-    def effort_min(self) -> list[float]:
-        return [c.effort_min for c in self.channels]
+    def torque_min(self) -> list[float]:
+        return [c.torque_min for c in self.channels]
 
     @property
-    def effort_max(self) -> list[float]:
-        return [c.effort_max for c in self.channels]
+    def torque_max(self) -> list[float]:
+        return [c.torque_max for c in self.channels]
 
     def robot_model_path(self) -> Path:
         return Path(__file__).resolve().parent.parent / "sim" / "robots" / self.robot_model
@@ -151,17 +151,20 @@ def _channel(d: dict, where: str) -> Channel:
     kind = _require(d, "kind", where)
     if kind not in _KINDS:
         raise PlatformError(f"{where}: kind must be one of {sorted(_KINDS)}, got {kind!r}")
-    effort = _require(d, "effort", where)
+    if "effort" in d and "torque" not in d:
+        raise PlatformError(f"{where}: 'effort' was renamed 'torque' (the joint torque bounds, "
+                            "N*m or N; 'effort' is the servo telemetry signal)")
+    torque = _require(d, "torque", where)
     limit = _require(d, "limit", where)
-    if not (isinstance(effort, list) and len(effort) == 2 and effort[0] < effort[1]):
-        raise PlatformError(f"{where}: effort must be [min, max] with min < max, got {effort!r}")
+    if not (isinstance(torque, list) and len(torque) == 2 and torque[0] < torque[1]):
+        raise PlatformError(f"{where}: torque must be [min, max] with min < max, got {torque!r}")
     if not (isinstance(limit, list) and len(limit) == 2 and limit[0] < limit[1]):
         raise PlatformError(f"{where}: limit must be [lower, upper], got {limit!r}")
     return Channel(
         name=str(name),
         kind=kind,
-        effort_min=float(effort[0]),
-        effort_max=float(effort[1]),
+        torque_min=float(torque[0]),
+        torque_max=float(torque[1]),
         limit_lower=float(limit[0]),
         limit_upper=float(limit[1]),
         armature=_number(d, "armature", where),

@@ -2,7 +2,7 @@
 
 The platform YAML is the source of truth for joint armature, damping and limits; the MJCF
 supplies only kinematics and inertials. Everything the differentiable Featherstone step
-depends on is set explicitly here (physics.md §4): pure effort drive (``target_ke =
+depends on is set explicitly here (physics.md §4): pure torque drive (``target_ke =
 target_kd = 0``), explicit limit penalty gains, ``requires_grad=True`` and gravity.
 """
 
@@ -115,7 +115,7 @@ def build_arm(platform: Platform) -> newton.ModelBuilder:
         arm.joint_limit_upper[dof] = ch.limit_upper
         arm.joint_limit_ke[dof] = settings.limit_ke
         arm.joint_limit_kd[dof] = settings.limit_kd
-        # Pure effort drive: the network's torque is the only actuator.
+        # Pure torque drive: the network's torque is the only actuator.
         arm.joint_target_ke[dof] = 0.0
         arm.joint_target_kd[dof] = 0.0
         arm.joint_friction[dof] = 0.0

@@ -181,9 +181,9 @@ def _spatial_inertia(m: float, c: wp.vec3, inertia_com: wp.mat33) -> mat66:
 
 
 @wp.func
-def _joint_effort(f: float, q: float, qd: float, lower: float, upper: float, limit_ke: float,
+def _joint_torque(f: float, q: float, qd: float, lower: float, upper: float, limit_ke: float,
                   limit_kd: float, damping: float) -> float:
-    """Applied effort + Newton's penalty joint limit (a spring-damper only outside the
+    """Applied torque + Newton's penalty joint limit (a spring-damper only outside the
     limits) + viscous damping -- Newton's ``joint_force`` with zero PD targets."""
     below = limit_ke * (lower - q) - limit_kd * qd
     above = limit_ke * (upper - q) - limit_kd * qd
@@ -232,7 +232,7 @@ def build_chain_kernel(geometry: ChainGeometry, substeps: int) -> wp.Kernel:
         c_rows = mat_n6()  # velocity-product acceleration c_j = v_j x S_j qd_j
         p_rows = mat_n6()  # bias force p_j = v_j x* I_j v_j - gravity force
         i_rows = mat_6n6()  # spatial inertia I_j in rows 6j..6j+5
-        tau = vec_n()  # joint effort incl. limit penalty and damping
+        tau = vec_n()  # joint torque incl. limit penalty and damping
 
         # pass 1, base -> tip
         rot = wp.identity(n=3, dtype=float)  # parent body pose in the world
@@ -270,7 +270,7 @@ def build_chain_kernel(geometry: ChainGeometry, substeps: int) -> wp.Kernel:
                          - _spatial(weight, wp.cross(c, weight)))
             for r in range(6):
                 i_rows[wp.static(6 * j) + r] = body_inertia[r]
-            tau[j] = _joint_effort(f[j], q[j], qd[j], lower[j], upper[j], limit_ke,
+            tau[j] = _joint_torque(f[j], q[j], qd[j], lower[j], upper[j], limit_ke,
                                    limit_kd, damping[j])
 
         # pass 2, tip -> base: articulated inertia and bias force handed to the parent

@@ -7,12 +7,12 @@ The checks, each with the gate the tests use, run for both engines (chain and Ne
   in torque space and in initial-state space: analytic / FD in [0.99, 1.01]; the same with
   a small network closing the loop on the simulated state (:func:`closed_loop_fd`) and
   with every joint held inside its penalty limit (:func:`limit_fd`);
-- chain vs Newton under random efforts for 2 s (:func:`engine_agreement`) and the chain
+- chain vs Newton under random torques for 2 s (:func:`engine_agreement`) and the chain
   engine's one-step accuracy against float64 MuJoCo (:func:`step_accuracy`);
 - the same kind of check with the stock (unpatched) solver on :func:`stale_factor_variant`
   of the arm, where the shared scratch-buffer bug is visible (physics.md §3): it must be
   wrong by more than 1 % while the patched solver stays right;
-- MuJoCo parity over 2 s of smooth efforts at the same dt: max joint deviation from MuJoCo
+- MuJoCo parity over 2 s of smooth torques at the same dt: max joint deviation from MuJoCo
   Euler within 2x of MuJoCo's own Euler-vs-RK4 gap on that trajectory (physics.md §7).
 
 Trajectories come from a PD + gravity-compensation tracker run in the simulator itself, so
@@ -92,16 +92,16 @@ def tracking_torques(sim: Simulator, q0: torch.Tensor, qd0: torch.Tensor, steps:
     reference = q0 + amp * (torch.sin(2 * math.pi * freq * t + phase) - torch.sin(phase))
     noise_freq = (0.5 + 1.5 * torch.rand(batch, n, generator=gen)).to(sim.device)
     noise_phase = (2 * math.pi * torch.rand(batch, n, generator=gen)).to(sim.device)
-    noise = 0.02 * sim.effort_max * torch.sin(2 * math.pi * noise_freq * t + noise_phase)
+    noise = 0.02 * sim.torque_max * torch.sin(2 * math.pi * noise_freq * t + noise_phase)
     with torch.no_grad():
         inertia = sim.kinematics.joint_inertia(q0.double()).float()
         kp, kd = inertia * _TRACK_OMEGA**2, 2.0 * inertia * _TRACK_OMEGA
         q, qd, taus = q0, qd0, []
         for k in range(steps):
             tau = sim.gravity_torque(q) + kp * (reference[k] - q) - kd * qd + noise[k]
-            # 90 % of the bounds: a recorded effort sitting exactly on the simulator's clip
+            # 90 % of the bounds: a recorded torque sitting exactly on the simulator's clip
             # would make the rollout one-sidedly non-differentiable there.
-            tau = torch.clamp(tau, 0.9 * sim.effort_min, 0.9 * sim.effort_max)
+            tau = torch.clamp(tau, 0.9 * sim.torque_min, 0.9 * sim.torque_max)
             taus.append(tau)
             q, qd = sim.step(q, qd, tau)
     return torch.stack(taus, 1)
@@ -145,9 +145,9 @@ def _directions(sim: Simulator, taus: torch.Tensor, seed: int):
     gen = torch.Generator().manual_seed(seed + 2)
     lo, hi = _bounds(sim.platform)
     span = (hi - lo).to(sim.device)
-    effort_scale = 0.05 * sim.effort_max
-    d_tau = torch.randn(taus.shape, generator=gen).to(sim.device) * effort_scale
-    d_tau = d_tau / d_tau.norm() * effort_scale.norm()
+    torque_scale = 0.05 * sim.torque_max
+    d_tau = torch.randn(taus.shape, generator=gen).to(sim.device) * torque_scale
+    d_tau = d_tau / d_tau.norm() * torque_scale.norm()
     shape = (taus.shape[0], taus.shape[2])
     # Small state directions: an open-loop arm under gravity (Franka) amplifies an initial
     # offset ~20x in 1 s, and the check must stay in the linear regime.
@@ -182,7 +182,7 @@ def closed_loop_fd(sim: Simulator, batch: int = 2, steps: int = FD_STEPS, seed: 
     q0, qd0 = (x.to(sim.device) for x in start_states(platform, batch, seed))
     lo, hi = _bounds(platform)
     centre, span = ((lo + hi) / 2).to(sim.device), (hi - lo).to(sim.device)
-    scale = 0.05 * sim.effort_max
+    scale = 0.05 * sim.torque_max
     weights = _loss_weights(platform, (batch, steps, platform.n), seed, sim.device)
     params = list(net.parameters())
     flat = torch.nn.utils.parameters_to_vector(params).detach()
@@ -216,7 +216,7 @@ def limit_fd(sim: Simulator, batch: int = 2, steps: int = 32, seed: int = 0,
     """Directional FD with every joint INSIDE its upper penalty limit the whole time.
 
     Each joint starts half a "depth" past its upper limit (depth = the penetration at which
-    the limit spring balances a push of 50 % of the effort bound) and is pushed by gravity
+    the limit spring balances a push of 50 % of the torque bound) and is pushed by gravity
     compensation + that push modulated +-30 % at 2 Hz, so it moves but never leaves the
     limit region (``min_penetration`` > 0, in depths, says so). The loss weights and the
     directions are positive (push harder, start deeper): along a random-sign direction the
@@ -224,7 +224,7 @@ def limit_fd(sim: Simulator, batch: int = 2, steps: int = 32, seed: int = 0,
     platform = sim.platform
     gen = torch.Generator().manual_seed(seed + 4)
     lo, hi = (x.to(sim.device) for x in _bounds(platform))
-    push = 0.5 * sim.effort_max
+    push = 0.5 * sim.torque_max
     depth = push / sim.settings.limit_ke
     q0 = (hi + 0.5 * depth).expand(batch, platform.n).contiguous()
     qd0 = torch.zeros_like(q0)
@@ -250,7 +250,7 @@ def limit_fd(sim: Simulator, batch: int = 2, steps: int = 32, seed: int = 0,
 def engine_agreement(chain: Simulator, newton: Simulator, seconds: float = 2.0,
                      batch: int = 4, seed: int = 0, noise: float = 0.5,
                      hold_hz: float | None = 1.0) -> dict[str, float]:
-    """Both engines under the same random efforts: uniform in +-``noise`` of the effort
+    """Both engines under the same random torques: uniform in +-``noise`` of the torque
     bounds, drawn per control step, on top of a hold (gravity compensation + a PD pull to
     the start pose at ``hold_hz``) that each engine computes on its own state. The hold keeps
     the motion stable: open loop, a 7-DoF arm amplifies float32 round-off without bound
@@ -261,7 +261,7 @@ def engine_agreement(chain: Simulator, newton: Simulator, seconds: float = 2.0,
     steps = int(round(seconds / platform.control_dt))
     q0, qd0 = (x.to(chain.device) for x in start_states(platform, batch, seed))
     gen = torch.Generator().manual_seed(seed + 5)
-    efforts = noise * chain.effort_max * (
+    torques = noise * chain.torque_max * (
         2 * torch.rand(batch, steps, platform.n, generator=gen).to(chain.device) - 1)
     if hold_hz is not None:
         omega = 2 * math.pi * hold_hz
@@ -272,7 +272,7 @@ def engine_agreement(chain: Simulator, newton: Simulator, seconds: float = 2.0,
         q, qd, qs = q0, qd0, []
         with torch.no_grad():
             for k in range(steps):
-                tau = efforts[:, k]
+                tau = torques[:, k]
                 if hold_hz is not None:
                     tau = tau + sim.gravity_torque(q) + kp * (q0 - q) - kd * qd
                 q, qd = sim.step(q, qd, tau)
@@ -296,7 +296,7 @@ def engine_agreement(chain: Simulator, newton: Simulator, seconds: float = 2.0,
 def step_accuracy(sim: Simulator, poses: int = 8, seed: int = 0) -> float:
     """Worst relative error of one control step's velocity change against float64 MuJoCo
     (Euler with explicit damping: the same scheme) at random poses inside the limits, with
-    random velocities (0.2 joint ranges per second) and efforts (+-50 % of the bounds):
+    random velocities (0.2 joint ranges per second) and torques (+-50 % of the bounds):
     max|dqd_sim - dqd_mujoco| / max|dqd_mujoco| per pose."""
     from nactuator.sim.parity import mujoco_control_step
 
@@ -307,7 +307,7 @@ def step_accuracy(sim: Simulator, poses: int = 8, seed: int = 0) -> float:
     # Moderate velocities (Coriolis terms present): the velocity change of one control step
     # must stand well above the float32 spacing of the velocity itself.
     qd = 0.2 * (hi - lo) * torch.randn(poses, platform.n, generator=gen)
-    tau = 0.5 * sim.effort_max.cpu() * (2 * torch.rand(poses, platform.n, generator=gen) - 1)
+    tau = 0.5 * sim.torque_max.cpu() * (2 * torch.rand(poses, platform.n, generator=gen) - 1)
     with torch.no_grad():
         _, qd1 = sim.step(q.to(sim.device), qd.to(sim.device), tau.to(sim.device))
     worst = 0.0
@@ -362,7 +362,7 @@ def stock_solver_error(platform: Platform, device: str = "cpu", seed: int = 0) -
 
 def mujoco_parity(sim: Simulator, seconds: float = 2.0, batch: int = 2,
                   seed: int = 0) -> dict[str, float]:
-    """Newton vs MuJoCo under the same efforts at the same dt, against MuJoCo's own
+    """Newton vs MuJoCo under the same torques at the same dt, against MuJoCo's own
     Euler-vs-RK4 gap on that trajectory.
 
     The matched reference is MuJoCo Euler with explicit damping (``eulerdamp`` off), which
@@ -495,7 +495,7 @@ def run_sim_check(platform: str, device: str = "cpu") -> dict:
         ]
     if agreement is not None:
         lines += [
-            f"  chain vs newton, 2 s random efforts: max |dq| {agreement['max_dev']:.3g} rad"
+            f"  chain vs newton, 2 s random torques: max |dq| {agreement['max_dev']:.3g} rad"
             + (f", {agreement['max_dev_prismatic']:.3g} m"
                if agreement["max_dev_prismatic"] else "")
             + f" (target {AGREEMENT_GATE:g}: {'met' if agreement['within_gate'] else 'missed'})",

@@ -109,7 +109,7 @@ class ArmDynamics(torch.nn.Module):
     # -- the equation of motion ---------------------------------------------------------
     def inverse_dynamics(self, q: torch.Tensor, qd: torch.Tensor, qdd: torch.Tensor,
                          gravity: bool = True) -> torch.Tensor:
-        """Joint efforts (B, n) that produce ``qdd`` at (q, qd): M qdd + C qd [+ g]."""
+        """Joint torques (B, n) that produce ``qdd`` at (q, qd): M qdd + C qd [+ g]."""
         self._check("q", q)
         batch = q.shape[0]
         self._check("qd", qd, batch)
@@ -161,12 +161,12 @@ class ArmDynamics(torch.nn.Module):
         return torch.stack(tau, -1) + self.armature.to(q.device, q.dtype) * qdd
 
     def gravity_torque(self, q: torch.Tensor) -> torch.Tensor:
-        """g(q): the efforts that hold the arm still at ``q``, (B, n)."""
+        """g(q): the torques that hold the arm still at ``q``, (B, n)."""
         zero = torch.zeros_like(q)
         return self.inverse_dynamics(q, zero, zero)
 
     def bias(self, q: torch.Tensor, qd: torch.Tensor, gravity: bool = True) -> torch.Tensor:
-        """C(q, qd) qd [+ g(q)], (B, n): the efforts at zero acceleration."""
+        """C(q, qd) qd [+ g(q)], (B, n): the torques at zero acceleration."""
         return self.inverse_dynamics(q, qd, torch.zeros_like(q), gravity=gravity)
 
     def jacobians(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:

@@ -176,7 +176,7 @@ class ChainKinematics(torch.nn.Module):
         return f["body_pos"] + (f["body_rot"] @ com[None, :, :, None])[..., 0]
 
     def gravity_torque(self, q: torch.Tensor) -> torch.Tensor:
-        """Joint efforts that hold the arm still against gravity at ``q``, (B, n)."""
+        """Joint torques that hold the arm still against gravity at ``q``, (B, n)."""
         f = self.frames(q)
         com = self._com_world(f)
         mass = self.body_mass.to(q.device, q.dtype)

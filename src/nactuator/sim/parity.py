@@ -1,7 +1,7 @@
 """MuJoCo reference runs for the parity check (the only place ``sim`` uses MuJoCo).
 
 The same MJCF and the same platform joint dynamics as the Newton builder, stepped at the
-same substep ``dt`` under the same zero-order-hold efforts (``qfrc_applied``). Featherstone
+same substep ``dt`` under the same zero-order-hold torques (``qfrc_applied``). Featherstone
 is semi-implicit Euler with EXPLICIT damping while MuJoCo's Euler treats damping implicitly,
 so the two differ by first-order integration error; the yardstick for "small" is MuJoCo's
 own Euler-vs-RK4 gap on the same trajectory (physics.md §7).
@@ -74,7 +74,7 @@ def mujoco_control_step(platform: Platform, q: np.ndarray, qd: np.ndarray, tau: 
                         integrator: str = "euler_explicit_damping") -> tuple[np.ndarray,
                                                                               np.ndarray]:
     """One arm, one control step in float64: (q1, qd1) after ``platform.substeps`` substeps
-    under the effort ``tau`` (n,) from (q, qd)."""
+    under the torque ``tau`` (n,) from (q, qd)."""
     import mujoco
 
     model = mujoco_model(platform, integrator)

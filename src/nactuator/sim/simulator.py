@@ -2,7 +2,7 @@
 
 One control step is one ``torch.autograd.Function``. Its forward runs the platform's
 substeps without a tape; its backward replays that one step from the saved inputs and
-returns the gradients of the effort, ``q`` and ``qd`` (physics.md §5: constant memory in the
+returns the gradients of the torque, ``q`` and ``qd`` (physics.md §5: constant memory in the
 horizon). Torch runs between steps, so a network can close the loop on the simulated state.
 
 Two engines implement the step (``Simulator(..., engine=...)``):
@@ -75,7 +75,7 @@ class Simulator:
     """Batched differentiable simulator of one platform (Contract 3).
 
     ``Simulator("so101")`` or ``Simulator(platform, device="cuda", engine="newton")``.
-    States and efforts are (B, n) float32 tensors on ``device`` in the platform's channel
+    States and torques are (B, n) float32 tensors on ``device`` in the platform's channel
     order; any B works. ``engine`` is ``"chain"`` or ``"newton"`` (default: the platform's
     ``sim.engine``, else ``"chain"`` for a serial chain and ``"newton"`` otherwise);
     ``self.engine`` says which one runs. ``gradient_fix=False`` runs Newton's stock solver,
@@ -117,8 +117,8 @@ class Simulator:
                 self._chain = ChainEngine(platform, geometry, self.settings, self._wp_device)
         as_tensor = lambda v: torch.tensor(v, dtype=torch.float32, device=self.device)  # noqa: E731
         # Effort bounds (n,) on `device`, in N*m or N per channel: what `step` clips to.
-        self.effort_min = as_tensor(platform.effort_min)
-        self.effort_max = as_tensor(platform.effort_max)
+        self.torque_min = as_tensor(platform.torque_min)
+        self.torque_max = as_tensor(platform.torque_max)
         self._velocity_limit = float(platform.velocity_limit)
 
     def _choose_engine(self, requested: str | None, arrays,
@@ -196,7 +196,7 @@ class Simulator:
              f_ext: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One control step (``platform.substeps`` substeps) -> (q1, qd1), each (B, n).
 
-        ``tau`` is clipped to the platform's effort bounds (zero gradient where clipped);
+        ``tau`` is clipped to the platform's torque bounds (zero gradient where clipped);
         ``f_ext`` (B, 3) [N, base frame, on the end-effector point] is added as
         ``J_v(q)^T f``; the returned ``qd1`` is clipped to ``±platform.velocity_limit``
         (zero gradient through a clipped component)."""
@@ -211,10 +211,10 @@ class Simulator:
         else:
             self._check("f_ext", f_ext, (batch, 3), f"(B, 3) = ({batch}, 3)")
             self._check_finite(q=q, qd=qd, tau=tau, f_ext=f_ext)
-        effort = torch.clamp(tau, self.effort_min, self.effort_max)
+        torque = torch.clamp(tau, self.torque_min, self.torque_max)
         if f_ext is not None:
-            effort = effort + torch.einsum("bkn,bk->bn", self.kinematics.ee_jacobian(q), f_ext)
-        q1, qd1 = _StepFunction.apply(self._engine(batch), self._stream_scope, effort, q, qd)
+            torque = torque + torch.einsum("bkn,bk->bn", self.kinematics.ee_jacobian(q), f_ext)
+        q1, qd1 = _StepFunction.apply(self._engine(batch), self._stream_scope, torque, q, qd)
         return q1, torch.clamp(qd1, -self._velocity_limit, self._velocity_limit)
 
     def rollout(self, q0: torch.Tensor, qd0: torch.Tensor, taus: torch.Tensor,
@@ -248,5 +248,5 @@ class Simulator:
         return self.kinematics.ee_jacobian(q)
 
     def gravity_torque(self, q: torch.Tensor) -> torch.Tensor:
-        """Joint efforts that hold the arm still against gravity at ``q``, (B, n)."""
+        """Joint torques that hold the arm still against gravity at ``q``, (B, n)."""
         return self.kinematics.gravity_torque(q)

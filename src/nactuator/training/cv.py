@@ -133,6 +133,12 @@ def fold_row(metrics: dict) -> dict[str, float | None]:
             if full is not None:
                 row[f"{prefix}force 3-axis (N), {name}"] = full["mae"]
                 row[f"{prefix}force z (N), {name}"] = full["mae_z"]
+        payload = block.get("payload")
+        if payload:
+            for method, name in (("model", "model rollout"), ("model_causal", "model causal"),
+                                 ("linear_regression", "linear regression")):
+                if method in payload:
+                    row[f"{prefix}payload error (g), {name}"] = payload[method]["abs_error_g"]
         nc = block.get("no_contact_run")
         if group == "no_contact" and nc:
             for method, name in (("model", "model rollout"), ("model_causal", "model causal")):

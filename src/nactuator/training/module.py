@@ -80,6 +80,33 @@ def resolve_model_config(
     return config
 
 
+def physics_inputs(model_config: dict[str, Any]) -> list[str]:
+    """Window keys the model config's physics actuator reads (none without one)."""
+    from nactuator.models.physics import PHYSICS
+
+    physics = model_config.get("physics")
+    kind = physics.get("kind") if isinstance(physics, dict) else None
+    if kind not in PHYSICS:
+        return []
+    skip = {"initial_temperature"} if physics.get("temperature") is False else set()
+    return [k for k in PHYSICS[kind].inputs if k not in skip]
+
+
+def firmware_config(platform: Platform, features: list[str],
+                    model_config: dict[str, Any]) -> dict[str, Any]:
+    """``{"firmware": ...}`` from the platform's ``hardware.firmware`` when the model needs
+    the servo's position law (the ``duty`` feature group or a ``physics`` actuator), else {}
+    (counterfactual models, docs/counterfactual.md)."""
+    needs = "duty" in features or "physics" in model_config
+    if not needs or "firmware" in model_config:
+        return {}
+    firmware = platform.hardware.get("firmware")
+    if firmware is None:
+        raise ValueError(f"the model's commanded-duty feature / physics actuator needs the "
+                         f"servo firmware law, but {platform.source} has no hardware.firmware")
+    return {"firmware": dict(firmware)}
+
+
 class NeuralActuatorModule(L.LightningModule):
     """Rollout training of a :class:`~nactuator.models.NeuralActuator` for one platform.
 
@@ -102,6 +129,10 @@ class NeuralActuatorModule(L.LightningModule):
         init_noise_q, init_noise_qd: std of Gaussian noise added to the rollout's start
             state during training (rad or m, rad/s or m/s), for robustness to the
             imperfect initial state of a deployed rollout.
+        state_noise_q, state_noise_qd: std of Gaussian noise added to the simulated state
+            after every training rollout step (not in validation): the windows then show
+            the model states slightly off the recorded path, so it learns to steer back
+            instead of only replaying it (drift on long open-loop rollouts).
         sim_device: simulator device; default: follow the module's device.
         init_from: a checkpoint (``.ckpt`` of ``nactuator train``/``fit``) or saved bundle
             to start from instead of random weights: the actuator is rebuilt from its bundle
@@ -112,6 +143,9 @@ class NeuralActuatorModule(L.LightningModule):
         backbone_lr_scale: learning rate of the encoder (the backbone) relative to ``lr``,
             which the heads keep; 1 = one parameter group, as without fine-tuning; 0 freezes
             the encoder.
+        physics_lr: learning rate of a physics actuator's parameters (``model_sizes.physics``,
+            docs/counterfactual.md; no weight decay), default ``lr``: a handful of log-scale
+            physical constants take larger steps than the network's weights.
     """
 
     def __init__(
@@ -133,9 +167,12 @@ class NeuralActuatorModule(L.LightningModule):
         ema_decay: float = 0.999,
         init_noise_q: float = 0.0,
         init_noise_qd: float = 0.0,
+        state_noise_q: float = 0.0,
+        state_noise_qd: float = 0.0,
         sim_device: str | None = None,
         init_from: str | None = None,
         backbone_lr_scale: float = 1.0,
+        physics_lr: float | None = None,
     ) -> None:
         super().__init__()
         self.platform: Platform = load_platform(platform)
@@ -145,6 +182,8 @@ class NeuralActuatorModule(L.LightningModule):
             raise ValueError(f"window_length must be >= 1, got {window_length}")
         self.window_length = window_length
         self.model_config = resolve_model_config(arch, window_length, width, depth, model_sizes)
+        self.model_config.update(firmware_config(self.platform, self.features,
+                                                 self.model_config))
         self.loss_weights = loss if loss is not None else LossWeights()
         if lr <= 0 or warmup_steps < 0 or not 0 <= min_lr_ratio <= 1:
             raise ValueError(
@@ -154,9 +193,12 @@ class NeuralActuatorModule(L.LightningModule):
         if not (math.isfinite(backbone_lr_scale) and backbone_lr_scale >= 0):
             raise ValueError(f"backbone_lr_scale must be a finite number >= 0, got "
                              f"{backbone_lr_scale!r}")
-        if init_noise_q < 0 or init_noise_qd < 0:
+        if physics_lr is not None and not physics_lr > 0:
+            raise ValueError(f"physics_lr must be > 0 (or None: lr), got {physics_lr!r}")
+        if min(init_noise_q, init_noise_qd, state_noise_q, state_noise_qd) < 0:
             raise ValueError(
-                f"initial-state noise must be >= 0, got q {init_noise_q}, qd {init_noise_qd}"
+                f"state noise must be >= 0, got init q {init_noise_q}, qd {init_noise_qd}, "
+                f"per step q {state_noise_q}, qd {state_noise_qd}"
             )
         self.save_hyperparameters()
 
@@ -266,13 +308,18 @@ class NeuralActuatorModule(L.LightningModule):
         unrecorded = getattr(datamodule, "unrecorded_channels", None)
         if unrecorded is None:
             return
-        needed = window_channels(self.features)
+        needed = window_channels(self.features) + physics_inputs(self.model_config)
         for path, missing_by_key in unrecorded().items():
             for key in needed:
                 missing = missing_by_key.get(key)
                 if not missing:
                     continue
                 groups = [g for g in self.features if key in window_channels([g])]
+                if not groups:  # read by the physics actuator
+                    raise ValueError(
+                        f"{path}: the dataset has no {key!r} for channel(s) {missing} (for "
+                        f"every episode), which the model's physics actuator needs "
+                        f"(docs/counterfactual.md)")
                 keep = [g for g in self.features if g not in groups]
                 raise ValueError(
                     f"{path}: the dataset has no recorded {key!r} for channel(s) {missing}, "
@@ -307,8 +354,15 @@ class NeuralActuatorModule(L.LightningModule):
             q0 = q0 + self.hparams.init_noise_q * torch.randn_like(q0)
         if noise and self.hparams.init_noise_qd > 0:
             qd0 = qd0 + self.hparams.init_noise_qd * torch.randn_like(qd0)
-        return closed_loop_rollout(self.actuator, self.simulator.step, batch,
-                                   self.window_length, q0=q0, qd0=qd0)
+        step = self.simulator.step
+        sigma_q, sigma_qd = self.hparams.state_noise_q, self.hparams.state_noise_qd
+        if noise and (sigma_q > 0 or sigma_qd > 0):
+            def step(q, qd, tau, _step=self.simulator.step):
+                q1, qd1 = _step(q, qd, tau)
+                return (q1 + sigma_q * torch.randn_like(q1),
+                        qd1 + sigma_qd * torch.randn_like(qd1))
+        return closed_loop_rollout(self.actuator, step, batch, self.window_length,
+                                   q0=q0, qd0=qd0)
 
     def _step_mask(self, r: Rollout, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, H) true on the steps that are scored: all of a segment; of a whole-episode
@@ -386,10 +440,10 @@ class NeuralActuatorModule(L.LightningModule):
                       batch_size=batch_size)
         self.log("train/horizon", float(r.tau.shape[1]), batch_size=batch_size)
         if self._trainer is not None and self.trainer.optimizers:
-            groups = self.trainer.optimizers[0].param_groups
-            self.log("train/lr", groups[0]["lr"], batch_size=batch_size)
-            if len(groups) > 1:
-                self.log("train/lr_backbone", groups[1]["lr"], batch_size=batch_size)
+            for group in self.trainer.optimizers[0].param_groups:
+                name = group.get("name", "all")
+                key = "train/lr" if name in ("all", "heads") else f"train/lr_{name}"
+                self.log(key, group["lr"], batch_size=batch_size)
         return parts["loss"]
 
     def _nan_loss(self) -> torch.Tensor:
@@ -417,17 +471,26 @@ class NeuralActuatorModule(L.LightningModule):
         self._ema_step = step
 
     def parameter_groups(self) -> list[dict[str, Any]]:
-        """AdamW parameter groups: the heads at ``lr`` first, then the encoder (backbone) at
-        ``lr * backbone_lr_scale``; a single group when the scale is 1 (as before
-        fine-tuning existed, so older checkpoints resume with their optimiser state)."""
+        """AdamW parameter groups: the heads at ``lr`` first; then the encoder (backbone) at
+        ``lr * backbone_lr_scale`` when that scale is not 1; then a physics actuator's
+        constants at ``physics_lr`` (no weight decay) when it is set. Without either option
+        there is one group, as before they existed, so older checkpoints resume with their
+        optimiser state."""
         hp = self.hparams
-        if hp.backbone_lr_scale == 1.0:
-            return [{"name": "all", "params": list(self.actuator.parameters()), "lr": hp.lr}]
-        backbone = list(self.actuator.net.encoder.parameters())
-        in_backbone = {id(p) for p in backbone}
-        heads = [p for p in self.actuator.parameters() if id(p) not in in_backbone]
-        return [{"name": "heads", "params": heads, "lr": hp.lr},
-                {"name": "backbone", "params": backbone, "lr": hp.lr * hp.backbone_lr_scale}]
+        scale = hp.get("backbone_lr_scale", 1.0)
+        physics = getattr(self.actuator, "physics", None)
+        physics_params = (list(physics.parameters())
+                          if physics is not None and hp.get("physics_lr") is not None else [])
+        backbone = list(self.actuator.net.encoder.parameters()) if scale != 1.0 else []
+        taken = {id(p) for p in backbone + physics_params}
+        heads = [p for p in self.actuator.parameters() if id(p) not in taken]
+        groups = [{"name": "heads" if backbone else "all", "params": heads, "lr": hp.lr}]
+        if backbone:
+            groups.append({"name": "backbone", "params": backbone, "lr": hp.lr * scale})
+        if physics_params:
+            groups.append({"name": "physics", "params": physics_params, "lr": hp.physics_lr,
+                           "weight_decay": 0.0})
+        return groups
 
     def configure_optimizers(self) -> dict:
         hp = self.hparams

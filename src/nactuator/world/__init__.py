@@ -1,7 +1,8 @@
 """The hidden ground-truth world: servo firmware, DC motor, gearbox, thermal state, MuJoCo arm.
 
 ``data.synth`` drives it to generate datasets; the hardware emulators drive it in real time.
-It may import only ``platforms``, numpy and mujoco (and yaml for world files). See
+It may import only ``platforms``, ``servo_units`` (the register encodings and unit scales
+it shares with the buses), numpy and mujoco (and yaml for world files). See
 ``docs/synthetic-world.md``.
 """
 

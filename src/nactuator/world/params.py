@@ -152,7 +152,7 @@ TASK_KINDS = {
     "bam": {"profile"},
     "hold": {"payload_g"},
 }
-BAM_PROFILES = ("sin_sin", "lift_and_drop", "up_and_down", "sin_time_square")
+BAM_PROFILES = ("sin_sin", "lift_and_drop", "up_and_down", "sin_time_square", "random_sines")
 _TASK_KEYS = {
     "kind": "str",
     "seconds": "num",

@@ -2,7 +2,8 @@
 
 Each register map turns the firmware's view (encoder counts, its velocity estimate, motor
 current, PWM output, bus voltage, winding temperature) into the integer register values a bus
-would return, and those back into SI (Contract 1 units). ``../shared/docs/servos.md`` §2/§5:
+would return, and those back into SI (Contract 1 units). The encodings and unit scales are
+:mod:`nactuator.servo_units` (the buses decode with the same), ``../shared/docs/servos.md`` §2/§5:
 
 - ``xm430``: position 4096/rev (raw 2048 = 0 rad), velocity int32 x 0.229 rpm, current int16 x
   2.69 mA, PWM int16 (885 = 100 %), input voltage 0.1 V, temperature 1 degC.
@@ -18,23 +19,23 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["RPM_UNIT", "decode_sign_magnitude", "encode_sign_magnitude", "quantize"]
+from nactuator.servo_units import (
+    STS_A_PER_UNIT,
+    STS_LOAD_FULL,
+    STS_LOAD_SIGN_BIT,
+    STS_SIGN_BIT,
+    VOLT_PER_UNIT,
+    XL330_A_PER_UNIT,
+    XM430_A_PER_UNIT,
+    XM430_PWM_FULL,
+    XM430_RAD_S_PER_UNIT,
+    encode_sign_magnitude,
+)
 
-RPM_UNIT = 0.229 * 2 * np.pi / 60  # rad/s per DYNAMIXEL velocity count
-_CURRENT_UNIT = {"xm430": 0.00269, "xl330": 0.001, "sts3215": 0.0065}
-_STS_LOAD_SIGN_BIT = 10
-_STS_POS_SIGN_BIT = 15
+__all__ = ["quantize"]
 
-
-def encode_sign_magnitude(value: np.ndarray, bit: int) -> np.ndarray:
-    v = np.asarray(value, dtype=np.int64)
-    return np.where(v < 0, (-v) | (1 << bit), v)
-
-
-def decode_sign_magnitude(raw: np.ndarray, bit: int) -> np.ndarray:
-    r = np.asarray(raw, dtype=np.int64)
-    mag = r & ((1 << bit) - 1)
-    return np.where(r & (1 << bit), -mag, mag)
+_CURRENT_UNIT = {"xm430": XM430_A_PER_UNIT, "xl330": XL330_A_PER_UNIT,
+                 "sts3215": STS_A_PER_UNIT}
 
 
 def quantize(
@@ -55,7 +56,8 @@ def quantize(
     temperature, torque.
     """
     shape = state["counts"].shape
-    volt_reg = np.round((state["voltage"] + sensors["voltage_noise"] * noise["voltage"]) / 0.1)
+    volts = state["voltage"] + sensors["voltage_noise"] * noise["voltage"]
+    volt_reg = np.round(volts / VOLT_PER_UNIT)
     temperature = state["temperature"].copy()
     glitch = noise["glitch"] < sensors["temperature_glitch_prob"]
     if glitch.any():
@@ -70,7 +72,7 @@ def quantize(
                 "present_temperature": temp_reg.astype(np.int64)}
         si = {"q_servo": state["theta"].copy(), "qd_servo": state["omega"].copy(),
               "current": nan, "pwm": nan, "load": nan, "torque": torque,
-              "voltage": volt_reg * 0.1, "temperature": temp_reg}
+              "voltage": volt_reg * VOLT_PER_UNIT, "temperature": temp_reg}
         return regs, si
 
     cpr = motors["counts_per_rev"]
@@ -83,25 +85,25 @@ def quantize(
         vel_reg = np.round(state["count_rate"]).astype(np.int64)
         qd_servo = vel_reg * (2 * np.pi / cpr)
         m = sensors["load_multiple"]
-        load = np.round(state["duty"] * 1000.0 / m) * m
+        load = np.round(state["duty"] * float(STS_LOAD_FULL) / m) * m
         load = np.where(np.abs(load) < sensors["load_deadband"], 0.0, load)
-        load = np.clip(load, -1000, 1000).astype(np.int64)
+        load = np.clip(load, -STS_LOAD_FULL, STS_LOAD_FULL).astype(np.int64)
         cur_reg = np.round(np.abs(noisy_current) / unit).astype(np.int64)
         regs = {
-            "present_position": encode_sign_magnitude(counts, _STS_POS_SIGN_BIT),
-            "present_velocity": encode_sign_magnitude(vel_reg, _STS_POS_SIGN_BIT),
-            "present_load": encode_sign_magnitude(load, _STS_LOAD_SIGN_BIT),
+            "present_position": encode_sign_magnitude(counts, STS_SIGN_BIT),
+            "present_velocity": encode_sign_magnitude(vel_reg, STS_SIGN_BIT),
+            "present_load": encode_sign_magnitude(load, STS_LOAD_SIGN_BIT),
             "present_voltage": volt_reg.astype(np.int64),
             "present_temperature": temp_reg.astype(np.int64),
             "present_current": cur_reg,
         }
         si = {"q_servo": q_servo, "qd_servo": qd_servo, "current": cur_reg * unit,
-              "pwm": nan, "load": load / 1000.0, "torque": nan,
-              "voltage": volt_reg * 0.1, "temperature": temp_reg}
+              "pwm": nan, "load": load / float(STS_LOAD_FULL), "torque": nan,
+              "voltage": volt_reg * VOLT_PER_UNIT, "temperature": temp_reg}
         return regs, si
 
     # DYNAMIXEL X series (xm430, xl330)
-    vel_reg = np.round(state["omega"] / RPM_UNIT).astype(np.int64)
+    vel_reg = np.round(state["omega"] / XM430_RAD_S_PER_UNIT).astype(np.int64)
     cur_reg = np.round(noisy_current / unit).astype(np.int64)
     pwm_reg = state["pwm"].astype(np.int64)
     regs = {
@@ -112,7 +114,8 @@ def quantize(
         "present_input_voltage": volt_reg.astype(np.int64),
         "present_temperature": temp_reg.astype(np.int64),
     }
-    si = {"q_servo": q_servo, "qd_servo": vel_reg * RPM_UNIT, "current": cur_reg * unit,
-          "pwm": pwm_reg / 885.0, "load": nan, "torque": nan,
-          "voltage": volt_reg * 0.1, "temperature": temp_reg}
+    si = {"q_servo": q_servo, "qd_servo": vel_reg * XM430_RAD_S_PER_UNIT,
+          "current": cur_reg * unit,
+          "pwm": pwm_reg / float(XM430_PWM_FULL), "load": nan, "torque": nan,
+          "voltage": volt_reg * VOLT_PER_UNIT, "temperature": temp_reg}
     return regs, si

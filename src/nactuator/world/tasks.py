@@ -302,9 +302,18 @@ def _bam(c: _Ctx, spec: dict) -> tuple[np.ndarray, np.ndarray]:
         g = np.pi / 2 * cubic(s1) - 0.2 * np.pi / 2 * cubic(s2)
     elif prof == "sin_time_square":
         g = np.sin(t**2)
+    elif prof == "random_sines":
+        # Not one of BAM's: a different goal every repetition (three sines of random
+        # amplitude, frequency and phase, starting from 0), for commands a model never saw.
+        g = np.zeros_like(t)
+        for _ in range(3):
+            amp, hz, phase = c.rep.uniform(0.15, 0.5), c.rep.uniform(0.2, 1.2), \
+                c.rep.uniform(0, 2 * np.pi)
+            g += amp * (np.sin(2 * np.pi * hz * t + phase) - np.sin(phase))
     else:
         raise WorldError(f"task {spec.get('name')!r}: unknown bam profile {prof!r}; expected "
-                         "sin_sin | lift_and_drop | up_and_down | sin_time_square")
+                         "sin_sin | lift_and_drop | up_and_down | sin_time_square | "
+                         "random_sines")
     return g[:, None], on
 
 

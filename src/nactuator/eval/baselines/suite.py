@@ -33,7 +33,7 @@ from nactuator.eval.baselines.signals import EpisodeSignals, episode_signals
 from nactuator.eval.episodes import EvalDataError, force_labels, is_no_contact
 from nactuator.platforms import Platform
 
-__all__ = ["ALL_METHODS", "FORCE_METHODS", "FittedBaselines", "fit_baselines", "force_block",
+__all__ = ["ALL_METHODS", "FORCE_METHODS", "FittedBaselines", "fit_baselines",
            "parse_baselines", "score_baselines"]
 
 FORCE_METHODS = ("id-linear", "id-friction", "gmo", "gmo-friction")
@@ -56,16 +56,6 @@ def parse_baselines(spec: str | Sequence[str] | None) -> tuple[str, ...]:
         raise EvalDataError(f"--baselines: unknown baseline(s) {unknown}; expected 'all', "
                             f"'none' or a comma list of {list(ALL_METHODS)}")
     return tuple(m for m in ALL_METHODS if m in items)  # protocol order, no repeats
-
-
-def force_block(pred: np.ndarray, label: np.ndarray, horizons: Sequence[int]) -> dict:
-    """Prefix-window force MAE of one episode, in the layout of the model's force block."""
-    err = M.force_errors(pred, label)
-    mae = M.prefix_mae(err.mean(axis=1), horizons)
-    mae_z = M.prefix_mae(err[:, 2], horizons)
-    axes = M.prefix_mae(err, horizons)
-    return {k: {"mae": float(mae[k]), "mae_z": float(mae_z[k]), "mae_axes": axes[k].tolist()}
-            for k in mae}
 
 
 @dataclass
@@ -184,7 +174,7 @@ def score_baselines(fitted: FittedBaselines, episodes: Sequence[Episode],
             continue
         for name, f in estimates.items():
             if name != MODEL_CAUSAL:  # score_episode already scored the model's causal path
-                entry["force"][name] = force_block(f, label, horizons)
+                entry["force"][name] = M.force_block(f, label, horizons)
         labelled = np.isfinite(label).any(axis=1)
         magnitude = np.linalg.norm(np.nan_to_num(label, nan=0.0), axis=1)
         quiet = np.ones(steps, bool) if is_no_contact(ep) else labelled & (

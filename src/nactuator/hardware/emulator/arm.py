@@ -1,7 +1,7 @@
 """What moves the emulated servos: a pluggable arm model stepped in real time.
 
 An arm model owns the physics; the emulator only copies its state into the servos'
-control tables (via :mod:`nactuator.hardware.units`) and its goals/torque flags out of them.
+control tables (via :mod:`nactuator.servo_units`) and its goals/torque flags out of them.
 
 - :class:`WorldArm` runs the synthetic world's hidden ground-truth servo law and physics
   (``nactuator.world``) — the default for a follower, what recordings are made against.

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from nactuator import servo_units as units
 from nactuator.errors import UserError
-from nactuator.hardware import units
-from nactuator.hardware.control_table import SPEC_BY_BUS, ControlTable
+from nactuator.hardware.control_table import SPEC_BY_BUS, XM430_HARDWARE_ERRORS, ControlTable
 from nactuator.hardware.emulator.arm import ArmModel, ReferenceArm, ScriptedLeader
 from nactuator.hardware.emulator.faults import Faults
 from nactuator.hardware.emulator.servos import DynamixelServos, FeetechServos
@@ -45,8 +45,9 @@ DXL_BAUD = {0: 9_600, 1: 57_600, 2: 115_200, 3: 1_000_000, 4: 2_000_000, 5: 3_00
             6: 4_000_000}
 STS_BAUD = {0: 1_000_000, 1: 500_000, 2: 250_000, 3: 128_000, 4: 115_200, 5: 57_600,
             6: 38_400, 7: 19_200}
-# Overload: XM430 Hardware Error Status bit 5; STS3215 status bit 5.
-DXL_HW_OVERLOAD, DXL_HW_VOLTAGE = 0x20, 0x01
+# The XM430 Hardware Error Status bits the emulator latches (STS3215: scs.ERR_*).
+_DXL_HW_BIT = {name: 1 << bit for bit, name in XM430_HARDWARE_ERRORS.items()}
+DXL_HW_OVERLOAD, DXL_HW_VOLTAGE = _DXL_HW_BIT["overload"], _DXL_HW_BIT["input voltage"]
 # Instructions that read several servos at once: one per telemetry cycle of a bus.
 GROUP_READS = {"dynamixel": {dxl2.SYNC_READ, dxl2.FAST_SYNC_READ, dxl2.BULK_READ,
                              dxl2.FAST_BULK_READ},
@@ -373,11 +374,12 @@ class Emulator:
         while self._outbox and self._outbox[0][0] - self.SPIN_S <= time.perf_counter():
             due, reply = self._outbox.popleft()
             sleep_until(due)
+            # Counted before it is written: a client that has the reply sees it counted.
+            self.stats["replies"] += 1
             try:
                 os.write(self._master, reply)
             except OSError:
                 return False
-            self.stats["replies"] += 1
         return True
 
     def _fire_triggers(self, group_reads: int) -> None:
@@ -436,7 +438,7 @@ class Emulator:
                 hw = t.get("Hardware_Error_Status")
                 if sid in self.faults.alert_ids:
                     hw |= DXL_HW_OVERLOAD
-                if volts < 0.1 * t.get("Min_Voltage_Limit"):
+                if volts < units.VOLT_PER_UNIT * t.get("Min_Voltage_Limit"):
                     hw |= DXL_HW_VOLTAGE
                 t.set("Hardware_Error_Status", hw)
                 if hw & t.get("Shutdown"):
@@ -454,7 +456,7 @@ class Emulator:
                 status = 0
                 if sid in self.faults.alert_ids:
                     status |= scs.ERR_OVERLOAD
-                if volts < 0.1 * t.get("Min_Voltage_Limit"):
+                if volts < units.VOLT_PER_UNIT * t.get("Min_Voltage_Limit"):
                     status |= scs.ERR_VOLTAGE
                 t.set("Status", status)
                 if status & t.get("Unloading_Condition"):

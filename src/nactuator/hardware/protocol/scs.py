@@ -1,9 +1,10 @@
-"""Feetech SCS/STS packets (servos.md §4) and the sign-magnitude register encoding.
+"""Feetech SCS/STS packets (servos.md §4).
 
 Instruction: ``FF FF | ID | LEN | INST | params | CHK`` with LEN = len(params) + 2.
 Status:      ``FF FF | ID | LEN | ERR | params | CHK``.
 CHK = ~(ID + LEN + INST/ERR + sum(params)) & 0xFF. No CRC, no byte stuffing. STS servos
-are little-endian (``PacketHandler(0)``).
+are little-endian (``PacketHandler(0)``); their signed registers are sign-magnitude
+(:func:`nactuator.servo_units.decode_sign_magnitude`).
 """
 
 from __future__ import annotations
@@ -41,19 +42,6 @@ def instruction_packet(scs_id: int, inst: int, params: bytes = b"") -> bytes:
 
 def status_packet(scs_id: int, error: int, params: bytes = b"") -> bytes:
     return _packet(scs_id, error, params)
-
-
-def decode_sign_magnitude(raw: int, sign_bit: int) -> int:
-    """Bit ``sign_bit`` set means negative; the lower bits are the magnitude."""
-    magnitude = raw & ((1 << sign_bit) - 1)
-    return -magnitude if raw & (1 << sign_bit) else magnitude
-
-
-def encode_sign_magnitude(value: int, sign_bit: int) -> int:
-    limit = (1 << sign_bit) - 1
-    if abs(value) > limit:
-        raise ValueError(f"{value} does not fit sign-magnitude with sign bit {sign_bit}")
-    return (abs(value) | (1 << sign_bit)) if value < 0 else value
 
 
 def error_text(error: int) -> str:

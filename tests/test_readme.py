@@ -1,0 +1,101 @@
+"""The README's commands work as written, in order, on a copy of the checkout, and leave
+nothing untracked in it (`make docs-check`; CI runs it after `make test`).
+
+The copy holds the tracked files and links this checkout's `.venv` and `.cache` (so Warp's
+kernels are not compiled again); `../shared` beside it links the real data. Only the
+run lengths shrink (epochs, seconds, folds, runs), by the substitutions below: every
+command, path and flag is the README's own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("NACTUATOR_SHARED", ROOT.parent / "shared")).resolve()
+
+# Setting up and running the whole suite is what CI does around this test.
+SKIPPED = ("make setup", "make test")
+TINY_TRAIN = "--trainer.max_epochs=1 --data.samples_per_epoch=16"
+SHORTER = [
+    # make train: one short epoch (LightningCLI: the last value of a key wins)
+    (r'^(make train [^"\n]*?)(?: ARGS="([^"]*)")?$',
+     lambda m: f'{m[1]} ARGS="{(m[2] + " ") if m[2] else ""}{TINY_TRAIN}"'),
+    (r"^(nactuator data synth .*)$", r"\1 --trajectories-per-task 3 --seconds 2"),
+    (r"--seconds 10\b", "--seconds 1"),
+    (r"^(nactuator cv .*?)--max-folds \d+(.*?) -- (.*)$", rf"\1--max-folds 1\2 -- \3 {TINY_TRAIN}"),
+    (r"^(nactuator sweep .*?)--max-runs \d+(.*)$",
+     r"\1--max-runs 1\2 -- --trainer.max_epochs=1 --data.samples_per_epoch=8"),
+]
+
+
+def readme_commands(text: str) -> list[str]:
+    """Every line of every ```bash block, in order, without comments and skipped lines."""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.splitlines():
+            line = line.split("  #")[0].rstrip()
+            if line and not line.startswith("#") and not line.startswith(SKIPPED):
+                lines.append(line)
+    return lines
+
+
+def shortened(line: str) -> str:
+    for pattern, repl in SHORTER:
+        line = re.sub(pattern, repl, line)
+    return line
+
+
+def test_commands_are_found_and_only_shortened():
+    commands = readme_commands((ROOT / "README.md").read_text())
+    assert "make train PLATFORM=so101" in commands and "kill %1 %2" in commands
+    assert shortened("make train PLATFORM=so101") == \
+        f'make train PLATFORM=so101 ARGS="{TINY_TRAIN}"'
+    assert shortened('make train PLATFORM=x DATA=d ARGS="--a=1"') == \
+        f'make train PLATFORM=x DATA=d ARGS="--a=1 {TINY_TRAIN}"'
+    for line in commands:
+        assert shortened(line).startswith(line.split(" ")[0])
+
+
+@pytest.mark.readme
+def test_readme_runs_in_order_and_leaves_the_checkout_clean(tmp_path):
+    work = tmp_path / "work"
+    repo = work / "nactuator"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, repo / name)
+    (work / "shared").symlink_to(SHARED)
+    for name in (".venv", ".cache"):
+        (repo / name).symlink_to(ROOT / name)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], cwd=repo, check=True)
+    (repo / ".git" / "info" / "exclude").write_text(".venv\n.cache\n")
+    subprocess.run(git + ["add", "-A"], cwd=repo, check=True)
+    subprocess.run(git + ["commit", "-qm", "copy"], cwd=repo, check=True)
+
+    commands = [shortened(c) for c in readme_commands((ROOT / "README.md").read_text())]
+    script = "set -euo pipefail\n" + "\n".join(commands) + "\n"
+    (tmp_path / "readme.sh").write_text(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTEST"))}
+    env["PATH"] = os.environ["PATH"]
+    env.pop("WARP_CACHE_PATH", None)  # the commands must find the cache themselves
+    proc = subprocess.run(["bash", str(tmp_path / "readme.sh")], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, (f"README command failed\n--- script\n{script}\n--- output\n"
+                                  f"{proc.stdout[-6000:]}\n--- errors\n{proc.stderr[-6000:]}")
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
+                            cwd=repo, capture_output=True, text=True, check=True).stdout
+    assert status == "", f"the README's commands left files outside runs/:\n{status}"
+    for made in ("runs/so101/best.ckpt", "runs/so101-nad/eval/metrics.md",
+                 "runs/so101-nad/forces.csv", "runs/cv/omx/cv.md", "runs/live.csv",
+                 "runs/so101/actuator.onnx", "runs/data/my-recording/meta/info.json"):
+        assert (repo / made).exists(), made
