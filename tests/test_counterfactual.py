@@ -251,3 +251,25 @@ def test_live_refuses_a_counterfactual_checkpoint(bam_log, tmp_path):
     ckpt = save_bundle(bundle_to_dict(_actuators(bam_log[1])[0], "pendulum"), tmp_path / "c.pt")
     with pytest.raises(ValueError, match="does not stream"):
         run_live(ckpt, "pendulum", port=str(tmp_path / "no-such-port"), seconds=1.0)
+
+
+def test_physics_lr_and_backbone_lr_scale_give_three_disjoint_groups():
+    """A counterfactual fine-tune: network heads at lr, encoder at lr x scale, the DC motor's
+    constants at physics_lr without weight decay; every parameter in exactly one group."""
+    from nactuator.training.module import NeuralActuatorModule
+
+    module = NeuralActuatorModule(
+        platform="pendulum", arch="mlp", width=16, depth=1,
+        model_sizes={"head_hidden": 16, "dropout": 0.0, "physics": {"kind": "dc_motor"}},
+        features=list(COUNTERFACTUAL_FEATURES), lr=1e-3, lr_total_steps=10,
+        physics_lr=3e-2, backbone_lr_scale=0.1)
+    stats = {k: {"mean": [0.0], "std": [1.0]} for k in ("q", "qd", "supply_voltage")}
+    module.build_actuator(stats)
+    groups = module.configure_optimizers()["optimizer"].param_groups
+    assert [g["name"] for g in groups] == ["heads", "backbone", "physics"]
+    assert [g["initial_lr"] for g in groups] == pytest.approx([1e-3, 1e-4, 3e-2])
+    assert groups[2]["weight_decay"] == 0.0
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert len(ids) == len(set(ids)) == len(list(module.actuator.parameters()))
+    assert set(ids[-len(groups[2]["params"]):]) == {
+        id(p) for p in module.actuator.physics.parameters()}

@@ -82,6 +82,15 @@ def _cv(a: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _adapt(a: argparse.Namespace, rest: list[str]) -> int:
+    from nactuator.training.adapt import adapt
+
+    print(adapt(a.ckpt, a.data, episodes=a.episodes, out=a.out, held_out=a.held_out,
+                held_out_runs=a.held_out_runs, config=a.config,
+                extra_args=[x for x in rest if x != "--"]))
+    return 0
+
+
 def _bench_bam(a: argparse.Namespace, rest: list[str]) -> int:
     from nactuator.eval.bam import bench_bam
 
@@ -274,6 +283,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jobs", type=int, default=1, help="folds trained at the same time")
     s.add_argument("--out", default="runs/cv", help="output folder (cv.md, cv.json, cv.png)")
     s.set_defaults(func=_cv, passthrough=True)
+
+    s = sub.add_parser("adapt", help="fine-tune a pretrained checkpoint on N new trajectories: "
+                       "held-out error vs N and vs wall time; extra args go to `train`")
+    s.add_argument("--ckpt", required=True, help="the pretrained checkpoint (" + CKPT_HELP + ")")
+    s.add_argument("--data", required=True,
+                   help="dataset path(s) of the new arm/task, comma separated: train runs "
+                        "are the fine-tuning pool, the held-out runs are scored")
+    s.add_argument("--episodes", type=_positive_int, nargs="+", default=None, metavar="N",
+                   help="fine-tuning set sizes (default: conf/train/adapt.yaml, 1 2 4 8)")
+    s.add_argument("--held-out", default=None, choices=["auto", "test", "validation"],
+                   help="split scored as held out (default auto: test if present, else "
+                        "validation)")
+    s.add_argument("--held-out-runs", type=int, default=None, metavar="K",
+                   help="also hold out the last K train runs of every task (default 0)")
+    s.add_argument("--config", default=None, metavar="YAML",
+                   help="adapt config with 'adapt' and 'train' sections "
+                        "(default: conf/train/adapt.yaml)")
+    s.add_argument("--out", default="runs/adapt",
+                   help="output folder (adapt.md, adapt.json, adapt.png, one n_NNN/ per N)")
+    s.set_defaults(func=_adapt, passthrough=True)
 
     s = sub.add_parser("bench-bam", help="BAM XL330 benchmark: train a counterfactual model on "
                        "kp 100-400, score the held-out kp 800 logs open loop (BAM's metric); "

@@ -13,7 +13,11 @@ of non-finite updates, an EMA copy of the weights for validation / test / export
 initial-state noise. The rollout horizon (and its curriculum) belongs to the DataModule.
 
 The model is built in :meth:`setup`, once the DataModule's train-split normalisation
-statistics exist (or from a checkpoint's bundle when loading one).
+statistics exist (or from a checkpoint's bundle when loading one). With ``init_from`` it is
+instead the pretrained actuator of another run's checkpoint -- its architecture, its
+normalisation statistics and its EMA weights -- and the optimiser can move its encoder (the
+backbone) more slowly than its heads (``backbone_lr_scale``): fine-tuning, and what
+``nactuator adapt`` runs.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
-from nactuator.models import NeuralActuator, bundle_to_dict
+from nactuator.errors import UserError
+from nactuator.models import NeuralActuator, bundle_to_dict, load_actuator
 from nactuator.models.actuator import upgrade_model_config
 from nactuator.models.features import DEFAULT_FEATURES, window_channels
 from nactuator.platforms import Platform, load_platform
@@ -45,6 +51,10 @@ from nactuator.training.losses import (
 # axis (model.width / model.depth) means the same thing for every arch.
 WIDTH_KEY = {"transformer": "d_model", "mlp": "hidden", "gru": "hidden", "lstm": "hidden"}
 DEPTH_KEY = {"transformer": "n_layers", "mlp": "n_layers", "gru": "n_layers", "lstm": "n_layers"}
+
+
+class InitFromError(UserError, ValueError):
+    """``model.init_from`` names a checkpoint this run cannot start from; the message says why."""
 
 
 def resolve_model_config(
@@ -124,6 +134,15 @@ class NeuralActuatorModule(L.LightningModule):
             the model states slightly off the recorded path, so it learns to steer back
             instead of only replaying it (drift on long open-loop rollouts).
         sim_device: simulator device; default: follow the module's device.
+        init_from: a checkpoint (``.ckpt`` of ``nactuator train``/``fit``) or saved bundle
+            to start from instead of random weights: the actuator is rebuilt from its bundle
+            (its model config, its normalisation statistics, its EMA weights), so ``arch``,
+            ``width``, ``depth`` and ``model_sizes`` of this run are not used; the new data's
+            statistics are only compared with the checkpoint's (one log line). Another
+            platform, other feature groups or another window length are refused.
+        backbone_lr_scale: learning rate of the encoder (the backbone) relative to ``lr``,
+            which the heads keep; 1 = one parameter group, as without fine-tuning; 0 freezes
+            the encoder.
         physics_lr: learning rate of a physics actuator's parameters (``model_sizes.physics``,
             docs/counterfactual.md; no weight decay), default ``lr``: a handful of log-scale
             physical constants take larger steps than the network's weights.
@@ -151,6 +170,8 @@ class NeuralActuatorModule(L.LightningModule):
         state_noise_q: float = 0.0,
         state_noise_qd: float = 0.0,
         sim_device: str | None = None,
+        init_from: str | None = None,
+        backbone_lr_scale: float = 1.0,
         physics_lr: float | None = None,
     ) -> None:
         super().__init__()
@@ -169,6 +190,9 @@ class NeuralActuatorModule(L.LightningModule):
                 f"need lr > 0, warmup_steps >= 0 and 0 <= min_lr_ratio <= 1, got lr={lr}, "
                 f"warmup_steps={warmup_steps}, min_lr_ratio={min_lr_ratio}"
             )
+        if not (math.isfinite(backbone_lr_scale) and backbone_lr_scale >= 0):
+            raise ValueError(f"backbone_lr_scale must be a finite number >= 0, got "
+                             f"{backbone_lr_scale!r}")
         if physics_lr is not None and not physics_lr > 0:
             raise ValueError(f"physics_lr must be > 0 (or None: lr), got {physics_lr!r}")
         if min(init_noise_q, init_noise_qd, state_noise_q, state_noise_qd) < 0:
@@ -201,7 +225,11 @@ class NeuralActuatorModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
-        if self.actuator is None:
+        if self.actuator is None and self.hparams.init_from:
+            self.init_from_checkpoint(self.hparams.init_from, datamodule)
+            if datamodule is not None:
+                self.check_dataset(datamodule)
+        elif self.actuator is None:
             if datamodule is None or getattr(datamodule, "norm_stats", None) is None:
                 raise RuntimeError(
                     "NeuralActuatorModule needs a DataModule with train-split norm_stats "
@@ -211,6 +239,49 @@ class NeuralActuatorModule(L.LightningModule):
             self.build_actuator(datamodule.norm_stats)
         if datamodule is not None:
             self._check_platform_of(datamodule)
+
+    def init_from_checkpoint(self, source: str, datamodule: Any = None) -> None:
+        """Make the pretrained actuator of ``source`` this run's starting point.
+
+        The backbone was trained on inputs normalised with the checkpoint's statistics, so
+        those are kept (new statistics would shift every input the first layer sees); the
+        fine-tuning data's own train-split statistics are only compared with them, and the
+        largest shift is logged. The EMA weights (raw if the bundle has none) become the
+        raw weights, and the EMA restarts from them.
+        """
+        where = f"model.init_from={source}"
+        actuator, meta = load_actuator(source, use_ema=True)
+        if meta["platform"] != self.platform.name:
+            raise InitFromError(
+                f"{where}: the checkpoint was trained for platform {meta['platform']!r}, but "
+                f"this run is for {self.platform.name!r}; fine-tune a checkpoint of the same "
+                "platform")
+        if list(meta["features"]) != self.features:
+            raise InitFromError(
+                f"{where}: the checkpoint reads feature groups {list(meta['features'])}, this "
+                f"run is configured for {self.features}; set model.features to the "
+                "checkpoint's")
+        config = upgrade_model_config(actuator.model_config)
+        if config.get("window_length") != self.window_length:
+            raise InitFromError(
+                f"{where}: the checkpoint's window is {config.get('window_length')} frames, "
+                f"this run's is {self.window_length}; set data.window_length to the "
+                "checkpoint's")
+        ignored = sorted(k for k in set(config) | set(self.model_config)
+                         if k in self.model_config and self.model_config[k] != config.get(k))
+        self.model_config = config
+        self.actuator = actuator.train()
+        self.ema = EMA(self.actuator, self.hparams.ema_decay)
+        note = (f"; this run's {ignored} are not used (the architecture is the checkpoint's)"
+                if ignored else "")
+        rank_zero_info(f"[nactuator] {where}: {meta['weights']} weights, architecture "
+                       f"{config}{note}")
+        if datamodule is not None and getattr(datamodule, "norm_stats", None) is not None:
+            key, shift = _largest_shift(actuator.feature_builder.norm_stats(),
+                                        datamodule.norm_stats)
+            rank_zero_info(f"[nactuator] {where}: normalising with the checkpoint's statistics; "
+                           f"the new data's train-split mean differs from them by at most "
+                           f"{shift:.2f} checkpoint std ({key})")
 
     def _check_platform_of(self, datamodule: Any) -> None:
         platform = getattr(datamodule, "platform", None)
@@ -369,8 +440,10 @@ class NeuralActuatorModule(L.LightningModule):
                       batch_size=batch_size)
         self.log("train/horizon", float(r.tau.shape[1]), batch_size=batch_size)
         if self._trainer is not None and self.trainer.optimizers:
-            lr = self.trainer.optimizers[0].param_groups[0]["lr"]
-            self.log("train/lr", lr, batch_size=batch_size)
+            for group in self.trainer.optimizers[0].param_groups:
+                name = group.get("name", "all")
+                key = "train/lr" if name in ("all", "heads") else f"train/lr_{name}"
+                self.log(key, group["lr"], batch_size=batch_size)
         return parts["loss"]
 
     def _nan_loss(self) -> torch.Tensor:
@@ -397,17 +470,33 @@ class NeuralActuatorModule(L.LightningModule):
             self.ema.update(self.actuator)
         self._ema_step = step
 
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """AdamW parameter groups: the heads at ``lr`` first; then the encoder (backbone) at
+        ``lr * backbone_lr_scale`` when that scale is not 1; then a physics actuator's
+        constants at ``physics_lr`` (no weight decay) when it is set. Without either option
+        there is one group, as before they existed, so older checkpoints resume with their
+        optimiser state."""
+        hp = self.hparams
+        scale = hp.get("backbone_lr_scale", 1.0)
+        physics = getattr(self.actuator, "physics", None)
+        physics_params = (list(physics.parameters())
+                          if physics is not None and hp.get("physics_lr") is not None else [])
+        backbone = list(self.actuator.net.encoder.parameters()) if scale != 1.0 else []
+        taken = {id(p) for p in backbone + physics_params}
+        heads = [p for p in self.actuator.parameters() if id(p) not in taken]
+        groups = [{"name": "heads" if backbone else "all", "params": heads, "lr": hp.lr}]
+        if backbone:
+            groups.append({"name": "backbone", "params": backbone, "lr": hp.lr * scale})
+        if physics_params:
+            groups.append({"name": "physics", "params": physics_params, "lr": hp.physics_lr,
+                           "weight_decay": 0.0})
+        return groups
+
     def configure_optimizers(self) -> dict:
         hp = self.hparams
-        params: Any = self.actuator.parameters()
-        physics = getattr(self.actuator, "physics", None)
-        if hp.get("physics_lr") is not None and physics is not None:
-            own = {id(p) for p in physics.parameters()}
-            params = [{"params": [p for p in self.actuator.parameters() if id(p) not in own]},
-                      {"params": list(physics.parameters()), "lr": hp.physics_lr,
-                       "weight_decay": 0.0}]
         optimizer = torch.optim.AdamW(
-            params, lr=hp.lr, weight_decay=hp.weight_decay, betas=tuple(hp.betas),
+            self.parameter_groups(), lr=hp.lr, weight_decay=hp.weight_decay,
+            betas=tuple(hp.betas),
         )
         total = hp.lr_total_steps or self.trainer.estimated_stepping_batches
         total = max(int(total) if math.isfinite(total) else 10**9, 1)
@@ -419,6 +508,7 @@ class NeuralActuatorModule(L.LightningModule):
             progress = min((step - warmup) / max(total - warmup, 1), 1.0)
             return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
+        # One factor for every group: each keeps its own peak (lr, lr * backbone_lr_scale).
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -508,6 +598,8 @@ class NeuralActuatorModule(L.LightningModule):
                 f"configured for {self.features}"
             )
         if self.actuator is None:
+            if self.hparams.init_from:  # the architecture came from the init checkpoint
+                self.model_config = upgrade_model_config(bundle.get("model_config") or {})
             self.build_actuator(bundle["norm_stats"])
         expected = dict(self.actuator.model_config)
         saved = upgrade_model_config(bundle.get("model_config") or {})
@@ -526,6 +618,24 @@ class NeuralActuatorModule(L.LightningModule):
             ema = bundle["ema_state_dict"]
             self.ema.load_state_dict({"decay": self.ema.decay, "num_updates": 0,
                                       "shadow": {k: ema[k] for k in self.ema.shadow}})
+
+
+def _largest_shift(reference: dict, other: dict) -> tuple[str, float]:
+    """The input channel whose mean moved most from ``reference`` to ``other``, in
+    ``reference`` standard deviations (the units the network sees)."""
+    worst, where = 0.0, "none"
+    for key, ref in reference.items():
+        if key not in other:
+            continue
+        mean = torch.tensor(ref["mean"], dtype=torch.float64)
+        std = torch.tensor(ref["std"], dtype=torch.float64).abs().clamp_min(1e-6)
+        new = torch.tensor(other[key]["mean"], dtype=torch.float64)
+        if new.shape != mean.shape:
+            continue
+        shift = ((new - mean).abs() / std).nan_to_num(0.0)
+        if shift.numel() and float(shift.max()) > worst:
+            worst, where = float(shift.max()), f"{key}[{int(shift.argmax())}]"
+    return where, worst
 
 
 def _plain(value: Any) -> Any:
