@@ -50,6 +50,10 @@ for line in sys.stdin:
         print(pid, flush=True)
         continue
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # Ctrl-C in a terminal: a shell without job control starts background jobs (`make test &`)
+    # with SIGINT ignored, and Python then never installs its handler; a user's foreground
+    # `record`/`live` always has it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
