@@ -176,7 +176,7 @@ def test_the_pool_interleaves_tasks_and_held_out_runs_never_fine_tune():
 
 
 def test_adapt_config_errors_name_the_key(tmp_path):
-    assert load_adapt_config()["adapt"]["episodes"] == [1, 2, 4, 8]
+    assert load_adapt_config()["adapt"]["episodes"] == [1, 2, 4, 8, 12]
     bad = tmp_path / "a.yaml"
     bad.write_text("adapt: {episodes: [1], metric: m, time_curve: largest, held_out: auto, "
                    "held_out_runs: 0, epochs: 3}\ntrain: {}\n")

@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dataset path(s) of the new arm/task, comma separated: train runs "
                         "are the fine-tuning pool, the held-out runs are scored")
     s.add_argument("--episodes", type=_positive_int, nargs="+", default=None, metavar="N",
-                   help="fine-tuning set sizes (default: conf/train/adapt.yaml, 1 2 4 8)")
+                   help="fine-tuning set sizes (default: conf/train/adapt.yaml, 1 2 4 8 12)")
     s.add_argument("--held-out", default=None, choices=["auto", "test", "validation"],
                    help="split scored as held out (default auto: test if present, else "
                         "validation)")
