@@ -14,20 +14,21 @@ from collections.abc import Mapping
 class HorizonCurriculum:
     def __init__(self, schedule: Mapping[int, int]) -> None:
         if not schedule:
-            raise ValueError("horizon_schedule is empty: expected e.g. {0: 128, 20: 256}")
+            raise ValueError("data.horizon is an empty schedule: expected a number or e.g. "
+                             "{0: 128, 20: 256}")
         stages: list[tuple[int, int]] = []
         for epoch, horizon in schedule.items():
             epoch, horizon = _as_int(epoch, "epoch"), _as_int(horizon, "horizon")
             if epoch < 0:
-                raise ValueError(f"horizon_schedule: epoch must be >= 0, got {epoch}")
+                raise ValueError(f"data.horizon: epoch must be >= 0, got {epoch}")
             if horizon < 1:
-                raise ValueError(f"horizon_schedule: horizon at epoch {epoch} must be >= 1, "
+                raise ValueError(f"data.horizon: horizon at epoch {epoch} must be >= 1, "
                                  f"got {horizon}")
             stages.append((epoch, horizon))
         stages.sort()
         if stages[0][0] != 0:
             raise ValueError(
-                f"horizon_schedule must start at epoch 0, got first epoch {stages[0][0]} "
+                f"data.horizon must start at epoch 0, got first epoch {stages[0][0]} "
                 f"in {dict(stages)}"
             )
         self.stages = stages
@@ -54,8 +55,8 @@ class HorizonCurriculum:
 
 def _as_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"horizon_schedule: {what} must be an integer, got {value!r}")
+        raise ValueError(f"data.horizon: {what} must be an integer, got {value!r}")
     try:
         return int(value)
     except ValueError as e:
-        raise ValueError(f"horizon_schedule: {what} must be an integer, got {value!r}") from e
+        raise ValueError(f"data.horizon: {what} must be an integer, got {value!r}") from e
