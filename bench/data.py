@@ -3,13 +3,14 @@
 Measures, in one run, on the real NAD subset (OMX + SO-101, imported to a temp folder) and
 on a larger synthetic OMX dataset:
 
-* 9-frame windows/s from ``NADDataModule.window_batch`` (force-only training path) vs a
-  naive map-style ``torch.utils.data.Dataset`` + default collate (per-sample Python);
-* rollout segments/s (T = 8 + H + 1 frames) from ``train_dataloader`` vs the same naive
-  per-sample baseline;
+* 9-frame windows/s from ``nactuator.rollout.causal_windows`` over a whole split (the one
+  window builder of training, eval, infer and live) vs a naive map-style
+  ``torch.utils.data.Dataset`` + default collate (per-sample Python);
+* rollout segments/s (T = window_length + H frames) from ``train_dataloader`` vs the same
+  naive per-sample baseline;
 * NAD import throughput (frames/s).
 
-Run:  WARP_CACHE_PATH=.cache/warp .venv/bin/python bench/data.py [--seconds 2]
+Run:  WARP_CACHE_PATH=.cache/warp .venv/bin/python bench/data.py [--seconds 1]
 """
 
 from __future__ import annotations
