@@ -10,7 +10,7 @@ import stat
 import numpy as np
 import pytest
 
-from nactuator.atomic import atomic_path, write_json, write_text
+from nactuator.atomic import atomic_path, write_json, write_png, write_text
 
 
 def test_failed_write_keeps_the_previous_file_and_leaves_no_temp(tmp_path):
@@ -48,3 +48,23 @@ def test_replacing_a_file_keeps_its_permissions(tmp_path):
     write_text(target, "new")
     assert target.read_text() == "new"
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
+
+
+def test_a_plot_is_written_whole_and_matplotlib_keeps_its_backend(tmp_path):
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    backend = matplotlib.get_backend()
+    fig = Figure(figsize=(2, 2))
+    fig.subplots().plot([0, 1], [1, 0])
+    path = write_png(tmp_path / "p.png", fig)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["p.png"]  # no temp file left
+    from nactuator.training.cv import plot_summary
+
+    summary = {"best": {"arm mean (deg), model": {"folds": [1.0, 2.0]},
+                        "worst arm joint (deg), model": {"folds": [2.0, 3.0]},
+                        "force 3-axis (N), model rollout": {"folds": [0.1, None]}}}
+    plot_summary(summary, tmp_path / "cv.png")
+    assert (tmp_path / "cv.png").stat().st_size > 1000
+    assert matplotlib.get_backend() == backend  # a library plot never switches it

@@ -93,6 +93,13 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return Path(path)
 
 
+def write_png(path: str | os.PathLike, figure, dpi: int = 90) -> Path:
+    """A matplotlib ``Figure`` as a PNG, atomically (no half-drawn plot after a crash)."""
+    with atomic_path(path, suffix=".png") as tmp:
+        figure.savefig(tmp, dpi=dpi, format="png")
+    return Path(path)
+
+
 def write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nactuator.atomic import atomic_path, json_safe, write_json, write_text
+from nactuator.atomic import json_safe, write_json, write_png, write_text
 from nactuator.data import Episode
 from nactuator.data.importers import import_bam
 from nactuator.errors import UserError
@@ -106,9 +106,7 @@ def _plot(episodes: Sequence[Episode], sims: Sequence[np.ndarray], scores: Seque
     axes[0].legend(fontsize=7, loc="upper right")
     axes[-1].set_xlabel("time [s]", fontsize=8)
     fig.tight_layout()
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=90)
-    return path
+    return write_png(path, fig)
 
 
 def _markdown(result: dict) -> str:

@@ -9,20 +9,13 @@ import numpy as np
 # The object API with no pyplot: no global figure state and no display backend, ever.
 from matplotlib.figure import Figure
 
-from nactuator.atomic import atomic_path
+from nactuator.atomic import write_png
 from nactuator.data import Episode
 from nactuator.eval.episodes import force_labels
 from nactuator.eval.protocol import FORCE_LABEL_OFFSET
 from nactuator.rollout import Rollout
 
 __all__ = ["plot_force", "plot_joints"]
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    """Atomic PNG write: render to a temp file beside the target, then rename."""
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=90)
-    return path
 
 
 def plot_joints(ep: Episode, ro: Rollout, names: list[str], scales: np.ndarray,
@@ -43,7 +36,7 @@ def plot_joints(ep: Episode, ro: Rollout, names: list[str], scales: np.ndarray,
     axes[0, 0].set_title(f"{ep.task} · episode {ep.index}: open-loop rollout", fontsize=9)
     axes[-1, 0].set_xlabel("frame")
     fig.tight_layout()
-    return _save(fig, path)
+    return write_png(path, fig)
 
 
 def plot_force(ep: Episode, ro: Rollout, path: Path,
@@ -72,4 +65,4 @@ def plot_force(ep: Episode, ro: Rollout, path: Path,
     axes[3].set_ylabel("gate", fontsize=8)
     axes[3].set_xlabel("frame")
     fig.tight_layout()
-    return _save(fig, path)
+    return write_png(path, fig)

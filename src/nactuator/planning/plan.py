@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from nactuator.atomic import atomic_path, json_safe, write_json, write_text
+from nactuator.atomic import atomic_path, json_safe, write_json, write_png, write_text
 from nactuator.errors import UserError
 from nactuator.models import load_actuator
 from nactuator.platforms import Platform, load_platform
@@ -199,9 +199,7 @@ def _plot(result: PlanResult, world: dict | None, names: list[str], dt: float,
     axes[0].legend(fontsize=7, loc="upper right")
     axes[-1].set_xlabel("time [s]", fontsize=8)
     fig.tight_layout()
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=90)
-    return path
+    return write_png(path, fig)
 
 
 def _markdown(result: dict) -> str:

@@ -44,7 +44,7 @@ from typing import Any
 import lightning as L
 import yaml
 
-from nactuator.atomic import write_json, write_text
+from nactuator.atomic import write_json, write_png, write_text
 from nactuator.data import read_dataset
 from nactuator.data.schema import Episode
 from nactuator.errors import UserError
@@ -352,16 +352,12 @@ def markdown_report(result: dict[str, Any]) -> str:
 
 
 def plot_curves(result: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from nactuator.atomic import atomic_path
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend stays as it was
 
     metric = result["metric"]
     points = result["points"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    a, b = fig.subplots(1, 2)
     ns = [p["n"] for p in points]
     a.plot(ns, [p["metrics"].get(metric) for p in points], "o-", label="model")
     reference = metric.rsplit(", ", 1)[0] + ", command following"
@@ -384,10 +380,7 @@ def plot_curves(result: dict[str, Any], path: Path) -> Path:
     if result["time_curve"]:
         b.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    return path
+    return write_png(path, fig, dpi=110)
 
 
 # ------------------------------------------------------------------------- driver

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from nactuator.atomic import write_json, write_text
+from nactuator.atomic import write_json, write_png, write_text
 from nactuator.data import read_dataset
 from nactuator.data.folds import runs_per_task
 from nactuator.errors import UserError
@@ -188,18 +188,14 @@ def markdown_summary(summary: dict[str, dict[str, dict]], header: list[str]) -> 
 
 def plot_summary(summary: dict[str, dict[str, dict]], path: Path) -> Path:
     """Per-fold values of the headline metrics: model vs references, one panel each."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from nactuator.atomic import atomic_path
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend stays as it was
 
     table = summary.get("best") or next(iter(summary.values()))
     panels = [("arm mean (deg)", "joints: arm mean (deg)"),
               ("worst arm joint (deg)", "joints: worst arm joint (deg)"),
               ("force 3-axis (N)", "force 3-axis MAE (N)")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    fig = Figure(figsize=(5 * len(panels), 4))
+    axes = fig.subplots(1, len(panels))
     for ax, (stem, title) in zip(axes, panels, strict=True):
         for key, s in table.items():
             if key.startswith(stem):
@@ -209,10 +205,7 @@ def plot_summary(summary: dict[str, dict[str, dict]], path: Path) -> Path:
         ax.set_xlabel("fold (held-out runs)")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    return path
+    return write_png(path, fig, dpi=110)
 
 
 def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
