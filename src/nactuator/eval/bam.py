@@ -20,8 +20,6 @@ Steps: import (``<out>/data``), train with ``conf/bench/bam.yaml`` in a subproce
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +28,7 @@ import numpy as np
 import torch
 
 from nactuator.atomic import json_safe, write_json, write_png, write_text
+from nactuator.child import run_nactuator
 from nactuator.data import Episode
 from nactuator.data.importers import import_bam
 from nactuator.errors import UserError
@@ -193,18 +192,13 @@ def _check_bench_data(data: Path) -> None:
 
 def _train(data: Path, root: Path, config: Path, extra: Sequence[str]) -> Path:
     """``nactuator fit`` with the bench config in a subprocess; returns its last.ckpt."""
-    command = [sys.executable, "-m", "nactuator.cli", "fit", "--config", str(config),
+    args = ["fit", "--config", str(config),
                "--platform", "pendulum", f"--data.paths=[\"{data}\"]",
                f"--trainer.default_root_dir={root}", *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1"}
     root.mkdir(parents=True, exist_ok=True)
     log = root / "train.log"
-    print("[bench-bam] " + " ".join(command[2:]) + f"  (log: {log})", flush=True)
-    with open(log, "a") as sink:
-        sink.write("$ " + " ".join(command) + "\n")
-        sink.flush()
-        code = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, env=env).returncode
+    print("[bench-bam] nactuator " + " ".join(args) + f"  (log: {log})", flush=True)
+    code = run_nactuator(args, log)
     if code != 0:
         raise BenchError(f"training failed (exit {code}); see {log}")
     found = sorted(root.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime)

@@ -33,8 +33,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +43,7 @@ import lightning as L
 import yaml
 
 from nactuator.atomic import write_json, write_png, write_text
+from nactuator.child import run_nactuator
 from nactuator.data import read_dataset
 from nactuator.data.schema import Episode
 from nactuator.errors import UserError
@@ -217,14 +216,9 @@ class AdaptClock(L.Callback):
         write_json(Path(trainer.default_root_dir) / CLOCK_FILE, {"epochs": self.epochs})
 
 
-def _run(command: list[str], log: Path) -> float:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1"}
+def _run(args: list[str], log: Path) -> float:
     t0 = time.perf_counter()
-    with open(log, "a") as sink:
-        sink.write("$ " + " ".join(command) + "\n")
-        sink.flush()
-        code = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, env=env).returncode
+    code = run_nactuator(args, log)
     if code != 0:
         raise AdaptError(f"fine-tuning failed with exit code {code}; its output is in {log}")
     return time.perf_counter() - t0
@@ -243,23 +237,23 @@ def _fine_tune(n: int, platform: str, data: Path, ckpt: Path, train_config: Path
                extra_args: Sequence[str]) -> dict[str, Any]:
     """Fine-tune on ``data`` (its N train episodes); reuse a finished run of the same command."""
     run_dir = out / f"n_{n:03d}"
-    command = [sys.executable, "-m", "nactuator.cli", "train", "--platform", platform,
-               "--data", str(data), "--config", str(train_config),
-               f"--model.init_from={ckpt}", f"--trainer.default_root_dir={run_dir}",
-               "--logger", "csv", "--trainer.enable_progress_bar=false", *extra_args]
+    args = ["train", "--platform", platform, "--data", str(data), "--config", str(train_config),
+            f"--model.init_from={ckpt}", f"--trainer.default_root_dir={run_dir}",
+            "--logger", "csv", "--trainer.enable_progress_bar=false", *extra_args]
+    command = ["-m", "nactuator.cli", *args]  # what done.json records (as before)
     done = run_dir / "done.json"
     if done.is_file():
         record = json.loads(done.read_text())
-        if record.get("command") == command[1:] and _epoch_checkpoints(run_dir):
+        if record.get("command") == command and _epoch_checkpoints(run_dir):
             return record
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    process_s = _run(command, run_dir / "train.log")
+    process_s = _run(args, run_dir / "train.log")
     clock = json.loads((run_dir / CLOCK_FILE).read_text())["epochs"]
     if not _epoch_checkpoints(run_dir):
         raise AdaptError(f"{run_dir}: fine-tuning left no {EPOCH_CKPT_GLOB} (the train "
                          "config must keep a checkpoint per epoch); see train.log")
-    record = {"command": command[1:], "process_s": process_s, "fit_s": clock[-1]["seconds"],
+    record = {"command": command, "process_s": process_s, "fit_s": clock[-1]["seconds"],
               "clock": clock}
     write_json(done, record)
     return record

@@ -18,8 +18,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -29,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from nactuator.atomic import write_json, write_png, write_text
+from nactuator.child import run_nactuator
 from nactuator.data import read_dataset
 from nactuator.data.folds import runs_per_task
 from nactuator.errors import UserError
@@ -70,15 +69,10 @@ def _checkpoint(fold_dir: Path, selection: str) -> Path:
     return found[-1]
 
 
-def _run(command: list[str], log: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1"}
-    with open(log, "a") as sink:
-        sink.write("$ " + " ".join(command) + "\n")
-        sink.flush()
-        code = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, env=env).returncode
+def _run(args: list[str], log: Path) -> None:
+    code = run_nactuator(args, log)
     if code != 0:
-        raise CVError(f"`{' '.join(command[2:6])} ...` failed with exit code {code}; "
+        raise CVError(f"`nactuator {' '.join(args[:4])} ...` failed with exit code {code}; "
                       f"its output is in {log}")
 
 
@@ -91,13 +85,12 @@ def _run_fold(platform: str, paths: list[str], folds: int, fold: int, out: Path,
     shutil.rmtree(fold_dir, ignore_errors=True)  # a fold interrupted half-way starts over
     fold_dir.mkdir(parents=True)
     log = fold_dir / "train.log"
-    cli = [sys.executable, "-m", "nactuator.cli"]
-    _run(cli + ["train", "--platform", platform, "--data", ",".join(paths),
+    _run(["train", "--platform", platform, "--data", ",".join(paths),
                 f"--data.cv_folds={folds}", f"--data.cv_fold={fold}",
                 f"--trainer.default_root_dir={fold_dir}", "--logger", "csv",
                 "--trainer.enable_progress_bar=false", *extra_args], log)
     for selection in SELECTIONS:
-        _run(cli + ["eval", "--ckpt", str(_checkpoint(fold_dir, selection)),
+        _run(["eval", "--ckpt", str(_checkpoint(fold_dir, selection)),
                     "--data", ",".join(paths), "--split", "test", "--cv-folds", str(folds),
                     "--cv-fold", str(fold), "--out", str(scores[selection].parent)], log)
     return scores
