@@ -60,3 +60,17 @@ def test_the_installed_command_prints_no_traceback(tmp_path):
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().count("\n") == 0 and "meta/info.json: missing" in out.stderr
+
+
+def test_a_child_command_appends_its_command_line_and_output_to_the_log(tmp_path):
+    """cv, adapt and bench-bam run trainings through nactuator.child: the exit code comes
+    back and the log says what ran and what it printed."""
+    from nactuator.child import run_nactuator
+
+    log = tmp_path / "train.log"
+    log.write_text("earlier output\n")
+    code = run_nactuator(["data", "info", str(tmp_path / "missing")], log)
+    text = log.read_text()
+    assert code == 2
+    assert text.startswith("earlier output\n$ ")  # appended, never truncated
+    assert "nactuator.cli data info" in text and "missing" in text.splitlines()[-1]
