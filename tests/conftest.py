@@ -57,3 +57,15 @@ def newton_sims():
 def engine_sims(sims, newton_sims):
     """``engine_sims[engine][platform]`` for tests parametrized over both engines."""
     return {"chain": sims, "newton": newton_sims}
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread, as conf/base.yaml's TorchThreads sets for training runs (a
+    module's tests then train as `make train` does, and do not oversubscribe the cores)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -26,12 +26,7 @@ from nactuator.training.module import InitFromError
 PRETRAINED_SIZES = dict(width=16, depth=1, model_sizes={"head_hidden": 16, "dropout": 0.0})
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

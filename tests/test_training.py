@@ -91,13 +91,7 @@ def write_sim_dataset(root: Path, platform_name: str = "so101", frames: int = 48
     return root
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """One intra-op thread, as conf/base.yaml's TorchThreads sets for training runs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
