@@ -26,7 +26,7 @@ from nactuator.eval.episodes import (
 from nactuator.eval.infer import predict_episodes
 from nactuator.eval.plots import plot_force, plot_joints
 from nactuator.eval.protocol import rollout, score_episode
-from nactuator.eval.references import LinearForceReference
+from nactuator.data.references import LinearForceReference
 from nactuator.eval.report import markdown_report
 from nactuator.models import load_actuator
 from nactuator.platforms import load_platform

@@ -26,7 +26,7 @@ from nactuator.eval.episodes import (
     force_labels,
     is_no_contact,
 )
-from nactuator.eval.references import LinearForceReference, command_following
+from nactuator.data.references import LinearForceReference, command_following
 from nactuator.rollout import STATE_KEYS, Rollout, closed_loop_rollout, episode_block
 
 __all__ = ["FORCE_LABEL_OFFSET", "model_inputs", "rollout", "score_episode"]

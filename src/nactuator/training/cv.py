@@ -35,7 +35,7 @@ from nactuator.platforms import load_platform
 
 __all__ = ["CVError", "run_cv", "summarize_folds"]
 
-SELECTIONS = ("best", "last")
+SELECTIONS = ("best", "last")  # always scored; a run's extra ModelCheckpoint families too
 
 
 class CVError(UserError, RuntimeError):
@@ -62,11 +62,19 @@ def default_folds(paths: Sequence[str]) -> int:
 
 
 def _checkpoint(fold_dir: Path, selection: str) -> Path:
-    pattern = "last.ckpt" if selection == "last" else "best-*.ckpt"
+    pattern = "last.ckpt" if selection == "last" else f"{selection}-*.ckpt"
     found = sorted(fold_dir.rglob(pattern), key=lambda p: p.stat().st_mtime)
     if not found:
         raise CVError(f"{fold_dir}: training left no {pattern} (see {fold_dir / 'train.log'})")
     return found[-1]
+
+
+def _selections(fold_dir: Path) -> list[str]:
+    """``best``, ``last`` and every other checkpoint family the run wrote (a further
+    ``ModelCheckpoint`` with ``filename: NAME-{epoch:02d}``, e.g. to compare selection
+    rules fold by fold): each is scored on the held-out runs."""
+    names = {p.name.split("-epoch=")[0] for p in fold_dir.rglob("*-epoch=*.ckpt")}
+    return [*SELECTIONS, *sorted(names - set(SELECTIONS))]
 
 
 def _run(args: list[str], log: Path) -> None:
@@ -79,7 +87,7 @@ def _run(args: list[str], log: Path) -> None:
 def _run_fold(platform: str, paths: list[str], folds: int, fold: int, out: Path,
               extra_args: Sequence[str]) -> dict[str, Path]:
     fold_dir = out / f"fold_{fold}"
-    scores = {s: fold_dir / f"eval_{s}" / "metrics.json" for s in SELECTIONS}
+    scores = {s: fold_dir / f"eval_{s}" / "metrics.json" for s in _selections(fold_dir)}
     if all(p.is_file() for p in scores.values()):
         return scores
     shutil.rmtree(fold_dir, ignore_errors=True)  # a fold interrupted half-way starts over
@@ -89,7 +97,8 @@ def _run_fold(platform: str, paths: list[str], folds: int, fold: int, out: Path,
                 f"--data.cv_folds={folds}", f"--data.cv_fold={fold}",
                 f"--trainer.default_root_dir={fold_dir}", "--logger", "csv",
                 "--trainer.enable_progress_bar=false", *extra_args], log)
-    for selection in SELECTIONS:
+    scores = {s: fold_dir / f"eval_{s}" / "metrics.json" for s in _selections(fold_dir)}
+    for selection in scores:
         _run(["eval", "--ckpt", str(_checkpoint(fold_dir, selection)),
                     "--data", ",".join(paths), "--split", "test", "--cv-folds", str(folds),
                     "--cv-fold", str(fold), "--out", str(scores[selection].parent)], log)
@@ -229,7 +238,7 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
             done[futures[future]] = future.result()
             bar.update(1)
     summary = {}
-    for selection in SELECTIONS:
+    for selection in done[chosen[0]]:
         rows = [fold_row(json.loads(done[f][selection].read_text())) for f in chosen]
         summary[selection] = summarize_folds(rows)
     header = [f"# Cross-validation: {name}, {len(chosen)} of {k} folds", "",
