@@ -19,7 +19,8 @@ import numpy as np
 
 from nactuator.data.schema import DataFormatError, Episode
 
-__all__ = ["FORCE_FEATURE_KEYS", "LinearForceReference", "command_following", "force_labels"]
+__all__ = ["FORCE_FEATURE_KEYS", "LinearForceReference", "command_following", "force_labels",
+           "is_worse", "verdict"]
 
 FORCE_FEATURE_KEYS = ("effort", "voltage", "temperature", "q", "qd", "q_cmd", "error")
 
@@ -109,3 +110,28 @@ def _pairs(ep: Episode, offset: int) -> tuple[np.ndarray, np.ndarray]:
     if offset:
         x, y = x[:-offset], y[offset:]
     return x, y
+
+
+def verdict(figures: dict[str, float],
+            force_reference: str = "best of 0 N and linear regression") -> str:
+    """One line: the model against the trivial references, and whether it beats them
+    ("joints 0.90° vs 1.40° command following: better; ...").
+
+    ``figures`` holds ``joints_deg``/``joints_command_deg`` (arm mean) and/or ``force_n``/
+    ``force_reference_n`` (3-axis MAE); ``force_reference`` names the force reference."""
+    parts = []
+    if "joints_deg" in figures:
+        model, ref = figures["joints_deg"], figures["joints_command_deg"]
+        parts.append(f"joints {model:.2f}° vs {ref:.2f}° command following: "
+                     f"{'better' if model < ref else 'WORSE'}")
+    if "force_n" in figures:
+        model, ref = figures["force_n"], figures["force_reference_n"]
+        parts.append(f"force {model:.3f} N vs {ref:.3f} N ({force_reference}): "
+                     f"{'better' if model < ref else 'WORSE'}")
+    return "; ".join(parts) if parts else "no joint or force reference to compare with"
+
+
+def is_worse(figures: dict[str, float]) -> bool:
+    """True if the model loses to a trivial reference on joints or force."""
+    return (("joints_deg" in figures and figures["joints_deg"] >= figures["joints_command_deg"])
+            or ("force_n" in figures and figures["force_n"] >= figures["force_reference_n"]))

@@ -234,7 +234,7 @@ def selection_summary(history: Sequence[dict[str, float]], best: str,
                       monitor: str) -> list[str]:
     """Lines comparing the linked (best) epoch with the last one on validation, with the
     verdict against the trivial references; a warning when the model loses to them."""
-    from nactuator.training.selection import is_worse, verdict
+    from nactuator.data.references import is_worse, verdict
 
     if not history:
         return []

@@ -30,6 +30,7 @@ from nactuator.atomic import write_json, write_png, write_text
 from nactuator.child import run_nactuator
 from nactuator.data import read_dataset
 from nactuator.data.folds import runs_per_task
+from nactuator.data.references import is_worse, verdict
 from nactuator.errors import UserError
 from nactuator.platforms import load_platform
 
@@ -170,6 +171,28 @@ def summarize_folds(rows: Sequence[dict[str, float | None]]) -> dict[str, dict[s
     return out
 
 
+def cv_verdict(table: dict[str, dict[str, Any]]) -> str:
+    """The verdict line of a selection's fold means against the trivial references."""
+    def mean(key: str) -> float | None:
+        return (table.get(key) or {}).get("mean")
+
+    figures: dict[str, float] = {}
+    pairs = (("joints_deg", "arm mean (deg), model"),
+             ("joints_command_deg", "arm mean (deg), command following"),
+             ("force_n", "force 3-axis (N), model rollout"),
+             ("force_reference_n", "force 3-axis (N), linear regression"))
+    for name, key in pairs:
+        if mean(key) is not None:
+            figures[name] = mean(key)
+    if "joints_command_deg" not in figures:
+        figures.pop("joints_deg", None)
+    if "force_reference_n" not in figures:
+        figures.pop("force_n", None)
+    line = verdict(figures, "linear regression")
+    return line + (" — the model is no better than a trivial reference" if is_worse(figures)
+                   else "")
+
+
 def _fmt(x: float | None, digits: int) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
@@ -250,6 +273,7 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
               "- scores: `nactuator eval` on the held-out runs, full trajectory, mean over "
               "tasks; sd over folds (n − 1)",
               f"- wall time {time.perf_counter() - t0:.0f} s with {jobs} job(s)"]
+    header.append(f"- verdict (`best`, mean over folds): {cv_verdict(summary['best'])}")
     text = markdown_summary(summary, header)
     write_json(out / "cv.json", {"platform": name, "data": paths, "folds": k,
                                  "scored_folds": chosen, "extra_args": list(extra_args),

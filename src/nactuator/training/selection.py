@@ -105,26 +105,3 @@ class ValidationScore:
         if terms:
             out["score"] = sum(terms.values()) / len(terms)
         return out
-
-
-def verdict(figures: dict[str, float]) -> str:
-    """One line: the model against the trivial references, and whether it beats them.
-
-    ``figures`` holds ``joints_deg``/``joints_command_deg`` and/or ``force_n``/
-    ``force_reference_n`` (what :meth:`ValidationScore.compute` returns)."""
-    parts = []
-    if "joints_deg" in figures:
-        model, ref = figures["joints_deg"], figures["joints_command_deg"]
-        parts.append(f"joints {model:.2f}° vs {ref:.2f}° command following: "
-                     f"{'better' if model < ref else 'WORSE'}")
-    if "force_n" in figures:
-        model, ref = figures["force_n"], figures["force_reference_n"]
-        parts.append(f"force {model:.3f} N vs {ref:.3f} N (best of 0 N and linear "
-                     f"regression): {'better' if model < ref else 'WORSE'}")
-    return "; ".join(parts) if parts else "no joint or force reference to compare with"
-
-
-def is_worse(figures: dict[str, float]) -> bool:
-    """True if the model loses to a trivial reference on joints or force."""
-    return (("joints_deg" in figures and figures["joints_deg"] >= figures["joints_command_deg"])
-            or ("force_n" in figures and figures["force_n"] >= figures["force_reference_n"]))
