@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from nactuator.data import Episode
+from nactuator.data.references import LinearForceReference, command_following
 from nactuator.eval import metrics as M
 from nactuator.eval.protocol import score_episode
-from nactuator.data.references import LinearForceReference, command_following
 from nactuator.eval.report import markdown_report
 from nactuator.rollout import Rollout
 
