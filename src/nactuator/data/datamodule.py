@@ -498,7 +498,7 @@ class NADDataModule(L.LightningDataModule):
         if not (self._split_of == split).any():
             counts = {s: int((self._split_of == s).sum()) for s in SPLITS}
             where = ", ".join(str(p) for p in self.paths)
-            hint = ("validation picks the best checkpoint (val/loss)" if split == "validation"
+            hint = ("validation picks the best checkpoint (val/score)" if split == "validation"
                     else "evaluate another split, e.g. `nactuator validate` or "
                          "`nactuator eval --split validation`")
             raise DataFormatError(
