@@ -320,7 +320,7 @@ class TelemetryBus(abc.ABC):
         """Read every servo's telemetry once. Servos that stopped answering are skipped
         (their channels invalid) and re-probed every ``reprobe_interval_s``."""
         t0 = time.perf_counter()
-        now = self._last_request = time.monotonic()
+        now = time.monotonic()
         wanted = [i for i in self.ids if self._absent.get(i, 0.0) <= now]
         blocks, errors = self._read_blocks(wanted) if wanted else ({}, {})
         # Retry servo by servo (a read has no side effect, so it is always safe) while the
@@ -356,6 +356,8 @@ class TelemetryBus(abc.ABC):
             self.counters["incomplete"] += 1
         frame.t = time.monotonic()
         frame.read_s = time.perf_counter() - t0
+        if wanted:  # the last request went out at most one reply wait ago
+            self._last_request = frame.t - self.rx_timeout_ms / 1000.0
         return frame
 
     def wait_ready(self, timeout: float = 1.0) -> TelemetryFrame:
@@ -678,8 +680,8 @@ class TelemetryBus(abc.ABC):
             self._last_request = time.monotonic()
 
     # --- the bus watchdog (XM430 Bus Watchdog, register 98) ----------------------------
-    WATCHDOG_TRIES = 10  # read-backs per servo when arming (a lost reply is no refusal)
-    WATCHDOG_CLEAR_TRIES = 3  # when clearing at close (an absent servo gets one)
+    WATCHDOG_TRIES = 10  # writes per servo when arming (a lost reply is no refusal)
+    WATCHDOG_CLEAR_TRIES = 3  # when clearing at close
 
     def _watchdog_period(self, platform: Platform) -> float:
         """``hardware.bus_watchdog_ms`` in seconds (0: off), checked against the register."""
@@ -707,38 +709,52 @@ class TelemetryBus(abc.ABC):
         return None
 
     def _set_watchdog(self, sid: int, units: int, tries: int) -> bool | None:
-        """Write ``units`` into the servo's Bus_Watchdog until it reads back (an expired
-        one, -1, is cleared with 0 first: nothing else clears it). None if it never read
-        back in ``tries``; else whether it had expired."""
+        """Make the servo's Bus_Watchdog read back ``units``: up to ``tries`` rounds of a
+        read and, if it differs, a write (an expired one, -1, is cleared with 0 first:
+        nothing else clears it). None if it never read back ``units``; else whether it had
+        expired."""
         expired = False
-        for _ in range(tries):
+        for attempt in range(tries + 1):
             self._drain()
             value, comm, _ = self._read_register(sid, "Bus_Watchdog")
-            if comm == COMM_SUCCESS:
-                if value == units:
-                    return expired
-                if value == XM430_BUS_WATCHDOG_EXPIRED:
-                    expired = True
-                    if units:
-                        self._drain()
-                        self._write_register(sid, "Bus_Watchdog", 0)
+            if comm == COMM_SUCCESS and value == units:
+                return expired
+            if attempt == tries:
+                break
+            if comm == COMM_SUCCESS and value == XM430_BUS_WATCHDOG_EXPIRED:
+                expired = True
+                if units:
+                    self._drain()
+                    self._write_register(sid, "Bus_Watchdog", 0)
             self._drain()
             self._write_register(sid, "Bus_Watchdog", units)  # its reply may be lost: read
         return None
 
     def _arm_watchdog(self) -> None:
         """Arm the bus watchdog of every servo not known to be absent (the first goal
-        write). A servo that refuses is a :class:`BusError`: the arm must not be driven
+        write): read each (to tell an expired one: a previous session was killed), one
+        broadcast of 0 if any had expired, one of the period, then read each back. A servo
+        that never reads back the period is a :class:`BusError`: the arm must not be driven
         without the protection the configuration asked for."""
         self._check_watchdog_support()
-        failed, expired = [], []
-        for sid in self.ids:
-            if sid in self._absent:
-                continue
-            state = self._set_watchdog(sid, self._watchdog_units, self.WATCHDOG_TRIES)
+        units = self._watchdog_units
+        present = [sid for sid in self.ids if sid not in self._absent]
+        expired = []
+        for sid in present:
+            self._drain()
+            value, comm, _ = self._read_register(sid, "Bus_Watchdog")
+            if comm == COMM_SUCCESS and value == XM430_BUS_WATCHDOG_EXPIRED:
+                expired.append(sid)
+        self._drain()
+        if expired:
+            self._write_register(self.BROADCAST_ID, "Bus_Watchdog", 0, acknowledged=False)
+        self._write_register(self.BROADCAST_ID, "Bus_Watchdog", units, acknowledged=False)
+        failed = []
+        for sid in present:
+            state = self._set_watchdog(sid, units, self.WATCHDOG_TRIES)
             if state is None:
                 failed.append(sid)
-            elif state:
+            elif state and sid not in expired:  # its first read had failed
                 expired.append(sid)
         self._watchdog_armed = True
         self._last_request = time.monotonic()
@@ -755,46 +771,48 @@ class TelemetryBus(abc.ABC):
                            "without it")
 
     def _keep_watchdog(self) -> None:
-        """Before a goal write: arm the watchdog the first time; afterwards, if the bus was
-        silent for half its period or more, a servo's watchdog may have run out (the servo
-        then stopped and refuses goals): clear and re-arm it, and say so."""
+        """Before a goal write: arm the watchdog the first time. Afterwards, if nothing was
+        sent for half its period or more, a servo's watchdog may have run out (it then
+        stopped the arm and refuses goals until 0 is written): clear and re-arm it with two
+        broadcasts (no replies, so no wait on a slow bus), and say so if it surely ran out."""
         if not self._watchdog_armed:
             self._arm_watchdog()
             return
         silent = time.monotonic() - self._last_request
         if silent < self.watchdog_s / 2:
             return
-        units, expired = self._watchdog_units, []
-        for sid in self.ids:
-            if sid in self._absent:
-                continue
-            self._drain()
-            value, comm, _ = self._read_register(sid, "Bus_Watchdog")
-            if comm == COMM_SUCCESS and value != units:
-                self._set_watchdog(sid, units, self.WATCHDOG_TRIES)
-                if value == XM430_BUS_WATCHDOG_EXPIRED:
-                    expired.append(sid)
+        self._drain()
+        self._write_register(self.BROADCAST_ID, "Bus_Watchdog", 0, acknowledged=False)
+        self._write_register(self.BROADCAST_ID, "Bus_Watchdog", self._watchdog_units,
+                             acknowledged=False)
         self._last_request = time.monotonic()
-        if expired:
-            log.warning("servo(s) %s on %s: the bus watchdog stopped them: nothing was sent for "
-                        "%.2f s, longer than hardware.bus_watchdog_ms = %g; cleared and re-armed, "
-                        "goals are accepted again", self._named(expired), self.port, silent,
+        if silent > self.watchdog_s:
+            log.warning("nothing was sent to the servos on %s for %.2f s, longer than their bus "
+                        "watchdog (hardware.bus_watchdog_ms = %g): those with torque on stopped "
+                        "where they were; re-armed, goals are accepted again", self.port, silent,
                         1000 * self.watchdog_s)
 
     def clear_watchdog(self) -> list[int]:
-        """Disarm every servo's bus watchdog (write 0, read back), from whatever state the
-        port was left in; returns the IDs that never confirmed (after logging one line).
+        """Disarm every servo's bus watchdog from whatever state the port was left in: one
+        broadcast of 0, then each servo not known to be absent read back (and written again
+        if it differs); returns the IDs that never confirmed (after logging one line).
         Closing the bus calls it before switching torque off. Never raises."""
         self._reply_floor_ms = max(self.reply_timeout_ms, self.TORQUE_OFF_REPLY_MS)
         pending = []
         try:
             if self._port.is_using or self._late_possible:
                 time.sleep(min(max(self.rx_timeout_ms, 35.0), 100.0) / 1000.0)
+            try:  # one broadcast does it for every servo that hears it; then confirm each
+                self._reset_port()
+                self._write_register(self.BROADCAST_ID, "Bus_Watchdog", 0, acknowledged=False)
+            except Exception as e:  # a broken port: the per-servo tries will say so
+                log.debug("clearing the bus watchdog on %s: broadcast failed: %r", self.port, e)
             for sid in self.ids:
-                tries = 1 if sid in self._absent else self.WATCHDOG_CLEAR_TRIES
+                if sid in self._absent:
+                    continue  # it got the broadcast if it listens; the next session checks
                 try:
                     self._reset_port()
-                    ok = self._set_watchdog(sid, 0, tries) is not None
+                    ok = self._set_watchdog(sid, 0, self.WATCHDOG_CLEAR_TRIES) is not None
                 except Exception as e:  # a broken port: say which servos, below
                     log.debug("clearing the bus watchdog on %s: servo %d: %r", self.port, sid, e)
                     ok = False
