@@ -737,6 +737,7 @@ class TelemetryBus(abc.ABC):
         that never reads back the period is a :class:`BusError`: the arm must not be driven
         without the protection the configuration asked for."""
         self._check_watchdog_support()
+        self._watchdog_armed = True  # from here on, closing clears it (even if interrupted)
         units = self._watchdog_units
         present = [sid for sid in self.ids if sid not in self._absent]
         expired = []
@@ -756,7 +757,6 @@ class TelemetryBus(abc.ABC):
                 failed.append(sid)
             elif state and sid not in expired:  # its first read had failed
                 expired.append(sid)
-        self._watchdog_armed = True
         self._last_request = time.monotonic()
         if expired:
             log.warning("servo(s) %s on %s: their bus watchdog had expired (a previous session "
