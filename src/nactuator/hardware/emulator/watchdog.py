@@ -46,7 +46,6 @@ class BusWatchdogs:
     def __init__(self, tables: dict[int, ControlTable]) -> None:
         self.tables = tables
         self.last_heard: dict[int, float] = {}
-        self.expiries = 0  # servos stopped by their watchdog so far
 
     def heard(self, packet: dxl2.Packet, now: float) -> None:
         """A packet arrived at ``now``: reset the timers of the servos it addresses."""
@@ -86,5 +85,4 @@ class BusWatchdogs:
             elif mode in STOP_AT_ZERO:
                 t.set(STOP_AT_ZERO[mode], 0)
             t.set("Bus_Watchdog", XM430_BUS_WATCHDOG_EXPIRED)
-        self.expiries += len(stopped)
         return stopped
