@@ -14,7 +14,8 @@ nactuator). For each dataset ``make_datasets.py`` wrote, with LeRobot's own code
    ``observation.environment_state``, normalised by LeRobot's processor with the
    dataset's ``meta/stats.json``; the loss is finite and the optimiser changes the weights.
 
-Then the LeRobot tools our docs send users to (docs/hardware.md) answer ``--help`` here.
+Then the LeRobot tools our docs send users to answer ``--help`` here, and
+``lerobot-dataset-viz`` saves a Rerun recording of the recorded dataset's first episode.
 
 Usage: .venv-lerobot/bin/python tests/lerobot_check/open_with_lerobot.py OUT
 Exits non-zero, naming the dataset and the check, on the first failure.
@@ -41,7 +42,9 @@ TELEMETRY = ("observation.velocity", "observation.effort")  # ACT's environment 
 ENV_STATE = "observation.environment_state"
 CHUNK = 20  # ACT action chunk (frames); shorter than every episode
 BATCH = 8
-TOOLS = ("lerobot-calibrate", "lerobot-setup-motors")  # docs/hardware.md sends users here
+# The LeRobot tools our docs and messages send users to in this environment
+# (docs/hardware.md, docs/data-format.md; tests/test_lerobot_tools.py keeps the two in step)
+TOOLS = ("lerobot-calibrate", "lerobot-setup-motors", "lerobot-dataset-viz")
 
 
 class CheckFailed(AssertionError):
@@ -140,15 +143,25 @@ def check_dataset(root: Path) -> str:
             f"ACT step loss {loss.item():.3f} (l1 {parts['l1_loss']:.3f}), {moved} tensors updated")
 
 
-def check_tools() -> list[str]:
-    bin_dir = Path(sys.executable).parent
+def run_tool(tool: str, *args: str) -> None:
+    run = subprocess.run([str(Path(sys.executable).parent / tool), *args],
+                         capture_output=True, text=True, timeout=300)
+    check(run.returncode == 0, f"{tool} {' '.join(args)} exited {run.returncode}: "
+          f"{(run.stderr or run.stdout).strip().splitlines()[-1:]}")
+
+
+def check_tools(out: Path) -> list[str]:
     lines = []
     for tool in TOOLS:
-        run = subprocess.run([str(bin_dir / tool), "--help"], capture_output=True, text=True,
-                             timeout=300)
-        check(run.returncode == 0, f"{tool} --help exited {run.returncode}: "
-              f"{(run.stderr or run.stdout).strip().splitlines()[-1:]}")
+        run_tool(tool, "--help")
         lines.append(f"{tool} --help: ok")
+    viz = out / "viz"
+    run_tool("lerobot-dataset-viz", "--repo-id", "nactuator/recorded", "--root",
+             str(out / "recorded"), "--episode-index", "0", "--num-workers", "0",
+             "--save", "1", "--output-dir", str(viz))
+    rrd = viz / "nactuator_recorded_episode_0.rrd"
+    check(rrd.is_file() and rrd.stat().st_size > 0, f"lerobot-dataset-viz wrote no {rrd}")
+    lines.append(f"lerobot-dataset-viz: {rrd} ({rrd.stat().st_size // 1024} KiB)")
     return lines
 
 
@@ -161,7 +174,7 @@ def main(argv: list[str]) -> int:
                 print(check_dataset(out / name), flush=True)
             except CheckFailed as e:
                 raise CheckFailed(f"{out / name}: {e}") from None
-        for line in check_tools():
+        for line in check_tools(out):
             print(line, flush=True)
     except CheckFailed as e:
         print(f"lerobot-check FAILED: {e}", file=sys.stderr)
