@@ -43,7 +43,7 @@ bench:
 	$(PY) bench/sim.py && $(PY) bench/data.py && $(PY) bench/infer.py
 
 # LeRobot's own dataset loader, tools and policies in a separate environment (torch 2.14.1 +
-# torchvision 0.29.1, LeRobot 0.4.4 with its dependencies; ~3 min and ~7 GB the first time):
+# torchvision 0.29.1, LeRobot 0.4.4 with its dependencies; 3-10 min and ~7 GB the first time):
 # `make lerobot-check` writes a recording and a NAD import with OUR env, then opens, batches
 # and trains one ACT step on each with LeRobot (docs/data-format.md, "Opening a dataset with
 # LeRobot"). Needs `make setup` first.
@@ -52,10 +52,11 @@ LEROBOT_CHECK_OUT ?= runs/lerobot-check
 
 lerobot-env: $(LEROBOT_VENV)/.installed
 
-$(LEROBOT_VENV)/.installed: tests/lerobot_check/requirements.txt
+$(LEROBOT_VENV)/.installed: tests/lerobot_check/requirements.txt tests/lerobot_check/constraints.txt
 	$(PYTHON) -m venv $(LEROBOT_VENV)
 	$(LEROBOT_VENV)/bin/python -m pip install --upgrade pip
-	$(LEROBOT_VENV)/bin/python -m pip install -r tests/lerobot_check/requirements.txt
+	$(LEROBOT_VENV)/bin/python -m pip install -c tests/lerobot_check/constraints.txt \
+		-r tests/lerobot_check/requirements.txt
 	# LeRobot pins torch<2.11 / torchvision<0.26: installed --no-deps, its other
 	# dependencies come from requirements.txt
 	$(LEROBOT_VENV)/bin/python -m pip install --no-deps lerobot==0.4.4
