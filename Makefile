@@ -10,7 +10,7 @@ PLATFORM ?= so101
 DATA ?=
 ARGS ?=
 
-.PHONY: setup test test-all docs-check lint train bench notebook clean
+.PHONY: setup test test-all docs-check lint train bench notebook clean lerobot-env lerobot-check
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,30 @@ notebook:
 
 bench:
 	$(PY) bench/sim.py && $(PY) bench/data.py && $(PY) bench/infer.py
+
+# LeRobot's own dataset loader, tools and policies in a separate environment (torch 2.14.1 +
+# torchvision 0.29.1, LeRobot 0.4.4 with its dependencies; 3-10 min and ~7 GB the first time):
+# `make lerobot-check` writes a recording and a NAD import with OUR env, then opens, batches
+# and trains one ACT step on each with LeRobot (docs/data-format.md, "Opening a dataset with
+# LeRobot"). Needs `make setup` first.
+LEROBOT_VENV ?= .venv-lerobot
+LEROBOT_CHECK_OUT ?= runs/lerobot-check
+
+lerobot-env: $(LEROBOT_VENV)/.installed
+
+$(LEROBOT_VENV)/.installed: tests/lerobot_check/requirements.txt tests/lerobot_check/constraints.txt
+	$(PYTHON) -m venv $(LEROBOT_VENV)
+	$(LEROBOT_VENV)/bin/python -m pip install --upgrade pip
+	$(LEROBOT_VENV)/bin/python -m pip install -c tests/lerobot_check/constraints.txt \
+		-r tests/lerobot_check/requirements.txt
+	# LeRobot pins torch<2.11 / torchvision<0.26: installed --no-deps, its other
+	# dependencies come from requirements.txt
+	$(LEROBOT_VENV)/bin/python -m pip install --no-deps lerobot==0.4.4
+	touch $@
+
+lerobot-check: $(LEROBOT_VENV)/.installed
+	$(PY) tests/lerobot_check/make_datasets.py $(LEROBOT_CHECK_OUT)
+	$(LEROBOT_VENV)/bin/python tests/lerobot_check/open_with_lerobot.py $(LEROBOT_CHECK_OUT)
 
 clean:
 	rm -rf .cache build *.egg-info

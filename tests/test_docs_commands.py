@@ -19,7 +19,9 @@ PLACEHOLDER = re.compile(r"\[[^\]]*\]|<[^>]*>|\.\.\.")  # [--opt], <p>, ... in u
 def documented_commands() -> list[tuple[str, str]]:
     found = []
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", path.read_text(), flags=re.S):
+        # every fence pairs with its own close, so a ```python block cannot shift the pairing
+        blocks = re.findall(r"```(\w*)\n(.*?)```", path.read_text(), flags=re.S)
+        for block in (text for lang, text in blocks if lang in ("", "bash", "sh")):
             for line in block.replace("\\\n", " ").splitlines():
                 line = line.split("  #")[0].strip()
                 if line.startswith("nactuator ") and "..." not in line:

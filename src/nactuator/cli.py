@@ -430,7 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serial port of the leader arm (e.g. /dev/ttyACM0, or an emulator's pty)")
     s.add_argument("--follower", required=True, help="serial port of the follower arm")
     s.add_argument("--leader-calibration", default=None,
-                   help="LeRobot calibration JSON of the leader (SO-101: from lerobot-calibrate)")
+                   help="LeRobot calibration JSON of the leader (SO-101: from "
+                        ".venv-lerobot/bin/lerobot-calibrate; docs/hardware.md)")
     s.add_argument("--follower-calibration", default=None,
                    help="LeRobot calibration JSON of the follower")
     s.add_argument("--task", required=True, help="task label, e.g. pick_place_200g")
@@ -453,7 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--platform", required=True, help=PLATFORM_HELP)
     s.add_argument("--port", required=True, help="serial port of the arm (or an emulator's pty)")
     s.add_argument("--calibration", default=None,
-                   help="LeRobot calibration JSON of the arm (SO-101: from lerobot-calibrate)")
+                   help="LeRobot calibration JSON of the arm (SO-101: from "
+                        ".venv-lerobot/bin/lerobot-calibrate; docs/hardware.md)")
     s.add_argument("--out", default=None, help="CSV file (default: stdout)")
     s.add_argument("--seconds", type=_positive_float, default=None,
                    help="stop after this long (default: until Ctrl-C)")

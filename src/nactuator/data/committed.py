@@ -14,6 +14,7 @@ import fcntl
 import functools
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ __all__ = [
     "mkdir_durable",
     "read_frames",
     "read_parquet",
+    "recorded_fps",
     "sha256",
     "stray_files",
     "writer_active",
@@ -144,7 +146,21 @@ def load_info(root: Path) -> dict:
         )
     if info.get("nactuator", {}).get("format") != FORMAT_TAG:
         raise DataFormatError(f"{where}: not a nactuator NAD dataset (nactuator.format missing)")
+    recorded_fps(info, where)  # a bad rate is refused here, not as a crash later
     return info
+
+
+def recorded_fps(info: dict, where: str | Path = "meta/info.json") -> float:
+    """The dataset's frame rate as recorded: ``nactuator.fps``; datasets written before it
+    existed hold the recorded rate (possibly fractional) in LeRobot's ``fps`` itself."""
+    value = info.get("nactuator", {}).get("fps", info["fps"])
+    try:
+        fps = float(value)
+    except (TypeError, ValueError):
+        fps = math.nan
+    if not (math.isfinite(fps) and fps > 0):
+        raise DataFormatError(f"{where}: fps must be a positive number, got {value!r}")
+    return fps
 
 
 def read_parquet(path: Path) -> pa.Table:

@@ -18,7 +18,7 @@ from nactuator.atomic import json_safe
 from nactuator.data.committed import json_bytes, read_frames
 from nactuator.data.schema import FEATURES
 
-__all__ = ["add_frames", "committed_stats_bytes", "stats_bytes", "stats_from_json"]
+__all__ = ["EMPTY_CHANNEL", "add_frames", "committed_stats_bytes", "stats_bytes", "stats_from_json"]
 
 _STAT_NAMES = {key: spec.name for key, spec in FEATURES.items()} | {"timestamp": "timestamp"}
 
@@ -65,21 +65,23 @@ def add_frames(stats: dict[str, dict[str, np.ndarray]],
     return merged
 
 
+# A channel without one finite sample (count 0: never recorded, e.g. the STS3215's PWM) gets
+# these numbers instead of null: LeRobot's normalisers turn every stats.json entry into a
+# tensor and fail on null. They are the identity normalisation; count 0 says there is no data.
+EMPTY_CHANNEL = {"min": 0.0, "max": 1.0, "mean": 0.0, "std": 1.0}
+
+
 def _stats_to_json(p: dict[str, np.ndarray]) -> dict[str, list]:
     count = p["count"]
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(count > 0, p["sum"] / np.maximum(count, 1), np.nan)
-        var = np.where(count > 0, p["sumsq"] / np.maximum(count, 1) - mean * mean, np.nan)
-    std = np.sqrt(np.maximum(var, 0.0))
-    nan_if_empty = lambda a: np.where(count > 0, a, np.nan)  # noqa: E731
-    return json_safe(  # NaN/inf -> null, so stats.json stays strict JSON
-        {
-            "min": nan_if_empty(p["min"]).tolist(),
-            "max": nan_if_empty(p["max"]).tolist(),
-            "mean": mean.tolist(),
-            "std": np.where(count > 0, std, np.nan).tolist(),
-            "count": count.tolist(),
-        }
+        mean = p["sum"] / np.maximum(count, 1)
+        var = p["sumsq"] / np.maximum(count, 1) - mean * mean
+    values = {"min": p["min"], "max": p["max"], "mean": mean,
+              "std": np.sqrt(np.maximum(var, 0.0))}
+    return json_safe(
+        {**{name: np.where(count > 0, v, EMPTY_CHANNEL[name]).tolist()
+            for name, v in values.items()},
+         "count": count.tolist()}
     )
 
 

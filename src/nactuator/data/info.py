@@ -11,7 +11,13 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from nactuator.data.committed import committed_state, load_info, load_json, writer_active
+from nactuator.data.committed import (
+    committed_state,
+    load_info,
+    load_json,
+    recorded_fps,
+    writer_active,
+)
 from nactuator.data.reader import read_dataset
 from nactuator.data.schema import FEATURES, PRIVATE_DIR, SPLITS
 
@@ -34,13 +40,13 @@ def describe(path: str | Path) -> str:
         stats = read_dataset(root).stats
     nact = info["nactuator"]
     total = int(info["total_frames"])
-    fps = float(info["fps"])
+    fps = recorded_fps(info)
     lines = [
         f"dataset: {root}",
         f"platform: {nact['platform']} (robot_type {info['robot_type']}, "
         f"effort signal {nact['effort_signal']})",
         f"channels: {', '.join(nact['channels'])}",
-        f"fps: {fps:g}",
+        f"fps: {fps:g}" + (f" (LeRobot fps {info['fps']})" if info["fps"] != fps else ""),
         f"episodes: {info['total_episodes']}   frames: {total} ({total / fps:.1f} s)",
     ]
     split_eps = Counter(e["split"] for e in episodes)
@@ -85,8 +91,9 @@ def describe(path: str | Path) -> str:
         lines.append(f"  {spec.name} ({key}):")
         for j, name in enumerate(names):
             nan_frac = 1.0 - s["count"][j] / total if total else 0.0
+            lo, hi = (s["min"][j], s["max"][j]) if s["count"][j] else (None, None)
             lines.append(
-                f"    {name:<14} {_fmt(s['min'][j]):>10} .. {_fmt(s['max'][j]):<10} "
+                f"    {name:<14} {_fmt(lo):>10} .. {_fmt(hi):<10} "
                 f"{units[j]:<24} NaN {nan_frac:6.1%}"
             )
     lines += _unfinished(root, len(state.leftovers))

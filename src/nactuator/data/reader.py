@@ -9,7 +9,13 @@ import json
 import math
 from pathlib import Path
 
-from nactuator.data.committed import committed_state, load_info, load_json, read_frames
+from nactuator.data.committed import (
+    committed_state,
+    load_info,
+    load_json,
+    read_frames,
+    recorded_fps,
+)
 from nactuator.data.dataset_stats import committed_stats_bytes
 from nactuator.data.schema import Dataset, Episode
 
@@ -52,7 +58,7 @@ def read_dataset(root: str | Path) -> Dataset:
     return Dataset(
         root=root,
         platform=info["nactuator"]["platform"],
-        fps=float(info["fps"]),
+        fps=recorded_fps(info),  # the measured rate, not LeRobot's integer `fps`
         info=info,
         stats=stats,
         frames=frames,

@@ -34,6 +34,7 @@ __all__ = [
     "FeatureSpec",
     "feature_schema",
     "feature_width",
+    "nominal_fps",
 ]
 
 CODEBASE_VERSION = "v3.0"
@@ -44,6 +45,13 @@ DATA_FILE_SIZE_IN_MB = 100  # a flush starts a new data file beyond this much bu
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 PRIVATE_DIR = ".nactuator"  # beside meta/ and data/; LeRobot readers never look in it
+
+
+def nominal_fps(fps: float) -> int:
+    """The integer frame rate ``info.json`` ``fps`` holds: LeRobot's loaders and tools take
+    ``fps`` as an int, so the recorded rate (SO-101 62.3 Hz) is rounded half up (62) and kept
+    exactly in ``info.json`` ``nactuator.fps``, which nactuator reads (docs/data-format.md)."""
+    return max(1, math.floor(fps + 0.5))
 
 
 class DataFormatError(UserError, ValueError):

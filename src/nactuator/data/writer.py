@@ -32,6 +32,7 @@ from nactuator.data.committed import (
     load_json,
     mkdir_durable,
     read_parquet,
+    recorded_fps,
     sha256,
     stray_files,
 )
@@ -56,6 +57,7 @@ from nactuator.data.schema import (
     DataFormatError,
     feature_schema,
     feature_width,
+    nominal_fps,
 )
 from nactuator.platforms import Platform
 
@@ -312,6 +314,10 @@ class DatasetWriter:
         state, self._tasks = self._roll_back(info)
         if self._metadata:
             info["nactuator"].setdefault("metadata", {}).update(self._metadata)
+        # A dataset from before nactuator.fps: its next commit moves the recorded rate there
+        # and gives LeRobot its integer fps.
+        info["nactuator"]["fps"] = recorded_fps(info)
+        info["fps"] = nominal_fps(info["nactuator"]["fps"])
         self._info = info
         stored = load_json(self.root / "meta" / "stats.json")
         self._stats = {name: stats_from_json(s) for name, s in stored.items()}
@@ -468,10 +474,11 @@ class DatasetWriter:
                 f"{where}: dataset platform is {theirs!r}, "
                 f"cannot append {self.platform.name!r} data"
             )
-        if abs(float(info["fps"]) - self.fps) > 1e-6 * self.fps:
+        theirs_fps = recorded_fps(info, where)
+        if abs(theirs_fps - self.fps) > 1e-6 * self.fps:
             raise DataFormatError(
-                f"{where}: fps mismatch when appending: dataset has {info['fps']}, "
-                f"writer got {self.fps}"
+                f"{where}: fps mismatch when appending: dataset has {theirs_fps:g}, "
+                f"writer got {self.fps:g}"
             )
         names = info["features"]["observation.state"]["names"]
         if names != self.platform.channel_names:
@@ -569,7 +576,7 @@ class DatasetWriter:
             "chunks_size": CHUNKS_SIZE,
             "data_files_size_in_mb": DATA_FILE_SIZE_IN_MB,
             "video_files_size_in_mb": 200,
-            "fps": self.fps,
+            "fps": nominal_fps(self.fps),  # LeRobot's: an int; the recorded rate is nactuator.fps
             "splits": {},
             "data_path": DATA_PATH,
             "video_path": None,
@@ -577,6 +584,7 @@ class DatasetWriter:
             "nactuator": {
                 "format": FORMAT_TAG,
                 "platform": p.name,
+                "fps": self.fps,
                 "channels": p.channel_names,
                 "effort_signal": p.effort_signal,
                 "metadata": metadata,

@@ -144,7 +144,8 @@ def _lock_port(port: str) -> int:
 
 def load_calibration(path: str | Path | None) -> dict | None:
     """A LeRobot calibration JSON ``{motor: {id, drive_mode, homing_offset, range_min,
-    range_max}}`` (written by ``lerobot-calibrate``), or None."""
+    range_max}}`` (written by LeRobot's ``.venv-lerobot/bin/lerobot-calibrate``, see
+    docs/hardware.md), or None."""
     if path is None:
         return None
     p = Path(path)

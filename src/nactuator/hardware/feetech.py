@@ -71,7 +71,9 @@ class FeetechTelemetryBus(TelemetryBus):
         self._port = self.lerobot.port_handler
 
     setup_hint = ("check the power supply, the daisy-chain cable, and the ID/baud rate "
-                  "(lerobot-setup-motors assigns them)")
+                  "(LeRobot's setup tool assigns them: `make lerobot-env`, then "
+                  "`.venv-lerobot/bin/lerobot-setup-motors --robot.type=so101_follower "
+                  "--robot.port=PORT`; docs/hardware.md)")
 
     @staticmethod
     def _complete(rx) -> bool:
