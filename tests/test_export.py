@@ -18,6 +18,7 @@ from nactuator.export import (
     EXPORT_OUTPUTS,
     INT8_PROBABILITY_TOLERANCE,
     INT8_RELATIVE_TOLERANCE,
+    PAD_INPUT,
     ExportableActuator,
     ExportError,
     export,
@@ -47,6 +48,14 @@ def saved_bundle(tmp_path, arch="transformer", features=FULL, full_size=False):
     return path
 
 
+def graph_args(window, names):
+    """The exported graph's positional inputs: the window channels, then ``pad`` (no
+    padded frames unless the window says so)."""
+    channels = [window[k] for k in names if k != PAD_INPUT]
+    pad = window.get(PAD_INPUT, torch.zeros(channels[0].shape[:2], dtype=torch.bool))
+    return [*channels, pad]
+
+
 def eager(path, window):
     act, _ = load_actuator(path)  # EMA weights, like the export
     with torch.no_grad():
@@ -66,7 +75,7 @@ def test_torchscript_matches_eager(tmp_path, arch, features):
     assert meta["outputs"] == ["tau", "force", "gate", "condition"] and meta["window_length"] == 9
     for batch in (1, 7):
         window = make_window(batch=batch, seed=batch)
-        got = module(*(window[k] for k in meta["inputs"]))
+        got = module(*graph_args(window, meta["inputs"]))
         for g, e in zip(got, eager(bundle, window), strict=True):
             assert g.shape == e.shape and (g - e).abs().max() <= 1e-5
 
@@ -77,10 +86,11 @@ def test_onnx_matches_eager(tmp_path):
     out = export(bundle, tmp_path / "actuator.onnx", fmt="onnx")
     session = ort_session(out)
     names = [i.name for i in session.get_inputs()]
-    assert names == ["q_cmd", "q", "qd", "effort", "voltage", "temperature"]
+    assert names == ["q_cmd", "q", "qd", "effort", "voltage", "temperature", "pad"]
     assert "nactuator" in session.get_modelmeta().custom_metadata_map
     window = make_window(batch=3, seed=3)
-    got = session.run(None, {k: window[k].numpy() for k in names})
+    got = session.run(None, {k: x.numpy() for k, x in zip(names, graph_args(window, names),
+                                                           strict=True)})
     for g, e in zip(got, eager(bundle, window), strict=True):
         assert g.shape == tuple(e.shape) and abs(g - e.numpy()).max() <= 1e-5
 
@@ -110,7 +120,8 @@ def stats_window(batch: int, seed: int) -> dict:
 def run_onnx(path, window):
     session = ort_session(path)
     names = [i.name for i in session.get_inputs()]
-    return session.run(None, {k: window[k].numpy() for k in names})
+    return session.run(None, {k: x.numpy() for k, x in zip(names, graph_args(window, names),
+                                                           strict=True)})
 
 
 @pytest.fixture(scope="module")
@@ -215,13 +226,14 @@ def test_full_size_exports_match_eager(tmp_path, arch):
     window = make_window(batch=4, seed=4)
     expected = eager(bundle, window)
     module, meta = load_torchscript(export(bundle, tmp_path / "a.ts"))
-    inputs = tuple(window[k] for k in meta["inputs"])
+    inputs = tuple(graph_args(window, meta["inputs"]))
     tolerance = parity_tolerance(ExportableActuator(load_actuator(bundle)[0]), inputs)
     assert tolerance <= 1e-4  # the floor is rounding, not a loose check
     got = module(*inputs)
     assert all((g - e).abs().max() <= tolerance for g, e in zip(got, expected, strict=True))
     if importlib.util.find_spec("onnxruntime") is not None:
         session = ort_session(export(bundle, tmp_path / "a.onnx", fmt="onnx"))
-        got = session.run(None, {k: window[k].numpy() for k in meta["inputs"]})
+        names = [i.name for i in session.get_inputs()]
+        got = session.run(None, {k: x.numpy() for k, x in zip(names, inputs, strict=True)})
         assert all(abs(g - e.numpy()).max() <= tolerance
                    for g, e in zip(got, expected, strict=True))

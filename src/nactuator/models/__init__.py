@@ -13,6 +13,7 @@ from nactuator.models.bundle import (
     BundleError,
     bundle_to_dict,
     load_actuator,
+    load_model,
     save_bundle,
 )
 from nactuator.models.features import (
@@ -42,6 +43,7 @@ __all__ = [
     "count_parameters",
     "feature_channels",
     "load_actuator",
+    "load_model",
     "save_bundle",
     "window_channels",
 ]
