@@ -373,18 +373,20 @@ def test_exports_follow_the_extension_and_refuse_a_mismatch(tmp_path):
     bundle = saved_bundle(tmp_path, "mlp")
     import onnx
 
+    from nactuator.model_files import ModelFileError
+
     _, meta = load_torchscript(export(bundle, tmp_path / "a.ts"))  # no --format: TorchScript
     assert meta["format"] == "nactuator-export/2"
     graph = onnx.load(export(bundle, tmp_path / "b.onnx")).graph  # no --format: ONNX
     assert [i.name for i in graph.input] == [*meta["inputs"], "pad"]
-    with pytest.raises(ExportError, match=r"x.onnx: the extension .onnx means onnx, but "
+    with pytest.raises(ModelFileError, match=r"x.onnx: the extension .onnx means onnx, but "
                                           r"--format torchscript was asked; name the file "
                                           r"\.pt or \.ts or drop --format"):
         export(bundle, tmp_path / "x.onnx", fmt="torchscript")
-    with pytest.raises(ExportError, match=r"the extension .pt means torchscript, but "
+    with pytest.raises(ModelFileError, match=r"the extension .pt means torchscript, but "
                                           r"--format onnx was asked; name the file \.onnx"):
         export(bundle, tmp_path / "x.pt", fmt="onnx")
-    with pytest.raises(ExportError, match=r"x.bin: export writes .pt \(torchscript\), .ts "
+    with pytest.raises(ModelFileError, match=r"x.bin: export writes .pt \(torchscript\), .ts "
                                           r"\(torchscript\), .onnx \(onnx\) files"):
         export(bundle, tmp_path / "x.bin")
     assert not any(p.name.startswith("x.") for p in tmp_path.iterdir())

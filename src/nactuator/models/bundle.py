@@ -3,6 +3,9 @@
 A bundle is a plain dict (torch-saveable) that a Lightning checkpoint carries under
 ``checkpoint["nactuator"]`` or that is saved on its own. Loading never needs the
 training data or any config file: features, norm stats and every model size are inside.
+``load_model`` is the one loader of a model to *run* (``infer``, ``live``, ``eval``): a
+bundle, or an exported TorchScript/ONNX file; ``load_actuator`` rebuilds the trainable
+``NeuralActuator`` and refuses an exported file with a one-line error.
 """
 
 from __future__ import annotations
