@@ -9,8 +9,12 @@ inference + command write. Baseline, same run: the bare vendor SDK group read of
 telemetry block (what the read costs without our layer). ``--fps`` paces the loop faster
 than the platform's rate, to measure the rate a model sustains.
 
-    WARP_CACHE_PATH=.cache/warp .venv/bin/python bench/live.py [--seconds 5]
+    WARP_CACHE_PATH=.cache/warp .venv/bin/python bench/live.py [--seconds 5] [--rrd]
     .venv/bin/python bench/live.py --model runs/so101/actuator-int8.onnx --fps 120
+
+``--rrd``: each case runs twice more, without and with a Rerun recording to a file (what
+``nactuator live --rrd FILE`` does), and a second table gives the rate, cycle time, jitter
+and the per-frame cost of ``Viewer.log_frame`` (docs/benchmarks.md, "Live loop in Rerun").
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from nactuator.control.live import LiveLoop, summarize_timings
 from nactuator.hardware.bus import open_bus
 from nactuator.models import NeuralActuator, load_model
 from nactuator.platforms import load_platform
+from nactuator.viewer import Viewer
 
 STATS_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
 
@@ -100,6 +105,46 @@ def model_only_ms(actuator, n: int, cycles: int) -> np.ndarray:
     return np.array(times) * 1e3
 
 
+class TimedViewer(Viewer):
+    """A Viewer that keeps how long each log_frame took (ms)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.log_ms: list[float] = []
+
+    def log_frame(self, t: float, **signals) -> None:
+        t0 = time.perf_counter()
+        super().log_frame(t, **signals)
+        self.log_ms.append(1e3 * (time.perf_counter() - t0))
+
+
+def bench_rrd(platform: str, timing: bool, seconds: float, actuator) -> list[dict]:
+    """The same loop without and with a Rerun recording (.rrd file), one emulator."""
+    p = load_platform(platform)
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        link = Path(tmp) / "port"
+        proc = start_emulator(p.hardware["bus"], platform, link, timing, seconds * 3 + 30)
+        try:
+            with open_bus(p, str(link)) as b:
+                b.wait_ready()
+                for viewer in (None, TimedViewer("bench", p.channel_names,
+                                                 rrd=Path(tmp) / "live.rrd")):
+                    loop = LiveLoop(actuator, b, p, b.read_goal(), viewer=viewer)
+                    s = summarize_timings(loop.run(seconds, sink=None), p.fps)
+                    s["lost_slots"] = loop.lost_slots
+                    if viewer is not None:
+                        viewer.close()
+                        s["log_p50_ms"] = float(np.percentile(viewer.log_ms, 50))
+                        s["log_p99_ms"] = float(np.percentile(viewer.log_ms, 99))
+                        s["rrd_kb_per_s"] = (Path(tmp) / "live.rrd").stat().st_size / 1e3 / seconds
+                    out.append(s)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    return out
+
+
 def bench(platform: str, timing: bool, seconds: float, actuator,
           fps: float | None = None) -> dict:
     p = load_platform(platform)
@@ -138,6 +183,8 @@ def bench(platform: str, timing: bool, seconds: float, actuator,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rrd", action="store_true",
+                    help="also measure the loop with a Rerun recording (nactuator live --rrd)")
     ap.add_argument("--model", default=None,
                     help="a model file (checkpoint or export) instead of the untrained one")
     ap.add_argument("--fps", type=float, default=None,
@@ -158,6 +205,7 @@ def main() -> None:
               "one-core rate Hz |")
     print(header)
     print("|" + "---|" * 15)
+    actuators = {}
     model = None if args.model is None else load_model(args.model)
     platforms = ("omx", "so101") if model is None else (model[1]["platform"],)
     timings = {"off": (False,), "on": (True,), "both": (False, True)}[args.timing]
@@ -166,6 +214,7 @@ def main() -> None:
         stats = {k: {"mean": [0.0] * p.n, "std": [1.0] * p.n} for k in STATS_KEYS}
         actuator = model[0] if model is not None else NeuralActuator(
             n_motors=p.n, norm_stats=stats, model_config={"arch": "transformer"}).eval()
+        actuators[platform] = actuator
         for timing in timings:
             s = bench(platform, timing, args.seconds, actuator, args.fps)
             print(f"| {platform} | {p.n} | {'1 Mbps' if timing else 'off'} | "
@@ -177,6 +226,23 @@ def main() -> None:
                   f"{s['own_p50_ms']:.2f} | {s['jitter_p50_ms']:.2f}/{s['jitter_p99_ms']:.2f} | "
                   f"{s['cpu_ms']:.2f} | {1e3 / s['cpu_ms']:,.0f} |",
                   flush=True)
+    if not args.rrd:
+        return
+    print("\n| platform | bus timing | rerun | rate Hz | lost slots | total p50/p99 ms | "
+          "jitter p50/p99 ms | log_frame p50/p99 ms | .rrd kB/s |")
+    print("|" + "---|" * 9)
+    for platform, actuator in actuators.items():
+        for timing in (False, True):
+            for s, rrd in zip(bench_rrd(platform, timing, args.seconds, actuator),
+                              ("off", "--rrd"), strict=True):
+                log = (f"{s['log_p50_ms']:.3f}/{s['log_p99_ms']:.3f}" if rrd != "off"
+                       else "-")
+                size = f"{s['rrd_kb_per_s']:.0f}" if rrd != "off" else "-"
+                print(f"| {platform} | {'1 Mbps' if timing else 'off'} | {rrd} | "
+                      f"{s['rate_hz']:.1f} | {s['lost_slots']} | "
+                      f"{s['total_p50_ms']:.2f}/{s['total_p99_ms']:.2f} | "
+                      f"{s['jitter_p50_ms']:.2f}/{s['jitter_p99_ms']:.2f} | {log} | {size} |",
+                      flush=True)
 
 
 if __name__ == "__main__":
