@@ -10,6 +10,14 @@ against eager measured in the same run.
 
     WARP_CACHE_PATH=.cache/warp .venv/bin/python bench/infer.py            # transformer
     .venv/bin/python bench/infer.py --arch gru --rounds 5 --json out.json
+
+``--models FILE... --data DATASET`` times ``nactuator infer``'s own path instead
+(``eval.infer.predict_episodes``: causal windows of every frame, batched) for model files
+as ``infer`` loads them (checkpoints and exports), in interleaved rounds, on one thread:
+frames per second of wall time and of this thread's CPU time.
+
+    .venv/bin/python bench/infer.py --models runs/so101/best.ckpt runs/so101/int8.onnx \
+        --data runs/data/so101-nad
 """
 
 from __future__ import annotations
@@ -180,6 +188,41 @@ def flops_per_window(graph: ExportableActuator) -> float:
     return float(counter.get_total_flops())
 
 
+def bench_models(paths: list[str], data: str, rounds: int) -> None:
+    """frames/s of ``infer``'s path (see the module docstring) for each model file."""
+    from nactuator.eval.episodes import load_episodes
+    from nactuator.eval.infer import predict_episodes
+    from nactuator.models import load_model
+    from nactuator.platforms import load_platform
+
+    models = {path: load_model(path) for path in paths}
+    platforms = {meta["platform"] for _, meta in models.values()}
+    if len(platforms) != 1:
+        raise SystemExit(f"--models are for several platforms: {sorted(platforms)}")
+    episodes = load_episodes(data, load_platform(platforms.pop()), None)
+    frames = sum(ep.length for ep in episodes)
+    wall: dict[str, list[float]] = {p: [] for p in paths}
+    cpu: dict[str, list[float]] = {p: [] for p in paths}
+    for model, _ in models.values():  # warm-up
+        predict_episodes(model, episodes[:1])
+    for _ in range(rounds):
+        for path, (model, _) in models.items():
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            predict_episodes(model, episodes)
+            wall[path].append(time.perf_counter() - start)
+            cpu[path].append(time.thread_time() - start_cpu)
+    print(f"## infer path: {frames} frames ({len(episodes)} episodes of {data}), "
+          f"{rounds} rounds, {torch.get_num_threads()} thread(s), load average "
+          f"{os.getloadavg()[0]:.1f}\n")
+    print("| model | kind | frames/s (wall, median) | frames/s (thread CPU, median) |")
+    print("|---|---|---|---|")
+    for path, (_, meta) in models.items():
+        kind = meta.get("export") or {"kind": "checkpoint", "quantize": "none"}
+        label = kind["kind"] + ("" if kind["quantize"] == "none" else f" {kind['quantize']}")
+        print(f"| {path} | {label} | {frames / statistics.median(wall[path]):,.0f} | "
+              f"{frames / statistics.median(cpu[path]):,.0f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="transformer",
@@ -191,7 +234,16 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[32, 256])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--models", nargs="+", default=None, metavar="FILE",
+                        help="time infer's path for these model files (needs --data)")
+    parser.add_argument("--data", default=None, help="dataset for --models")
     args = parser.parse_args()
+    if args.models:
+        if args.data is None:
+            parser.error("--models needs --data")
+        torch.set_num_threads(args.threads)
+        bench_models(args.models, args.data, args.rounds)
+        return
 
     load_before = os.getloadavg()[0]
     torch.set_num_threads(args.threads)

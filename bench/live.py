@@ -2,11 +2,15 @@
 
 For each platform (OMX: 5 DYNAMIXEL servos; SO-101: 6 Feetech servos) and with/without
 emulated bus timing at 1 Mbps, an emulator runs in its own process (so it does not share
-our GIL) and the live loop runs here with an untrained paper-size Transformer bundle.
-Per cycle: telemetry read + inference + command write. Baseline, same run: the bare vendor
-SDK group read of the same telemetry block (what the read costs without our layer).
+our GIL) and the live loop runs here with an untrained paper-size Transformer bundle, or
+with any model file ``nactuator live`` runs (``--model``: a checkpoint, or an exported
+TorchScript / ONNX fp32 / ONNX int8 file; its platform only). Per cycle: telemetry read +
+inference + command write. Baseline, same run: the bare vendor SDK group read of the same
+telemetry block (what the read costs without our layer). ``--fps`` paces the loop faster
+than the platform's rate, to measure the rate a model sustains.
 
     WARP_CACHE_PATH=.cache/warp .venv/bin/python bench/live.py [--seconds 5] [--rrd]
+    .venv/bin/python bench/live.py --model runs/so101/actuator-int8.onnx --fps 120
 
 ``--rrd``: each case runs twice more, without and with a Rerun recording to a file (what
 ``nactuator live --rrd FILE`` does), and a second table gives the rate, cycle time, jitter
@@ -16,6 +20,7 @@ and the per-frame cost of ``Viewer.log_frame`` (docs/benchmarks.md, "Live loop i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -28,7 +33,7 @@ import torch
 
 from nactuator.control.live import LiveLoop, summarize_timings
 from nactuator.hardware.bus import open_bus
-from nactuator.models import NeuralActuator
+from nactuator.models import NeuralActuator, load_model
 from nactuator.platforms import load_platform
 from nactuator.viewer import Viewer
 
@@ -140,8 +145,11 @@ def bench_rrd(platform: str, timing: bool, seconds: float, actuator) -> list[dic
     return out
 
 
-def bench(platform: str, timing: bool, seconds: float, actuator) -> dict:
+def bench(platform: str, timing: bool, seconds: float, actuator,
+          fps: float | None = None) -> dict:
     p = load_platform(platform)
+    if fps is not None:  # the loop paces itself at p.fps; the emulator answers any rate
+        p = dataclasses.replace(p, fps=fps)
     bus = p.hardware["bus"]
     with tempfile.TemporaryDirectory() as tmp:
         link = Path(tmp) / "port"
@@ -151,7 +159,9 @@ def bench(platform: str, timing: bool, seconds: float, actuator) -> dict:
                 b.wait_ready()
                 base = baseline_read_ms(b, int(seconds * p.fps / 2))
                 loop = LiveLoop(actuator, b, p, b.read_goal())
+                cpu = time.process_time()
                 rows = loop.run(seconds, sink=None)
+                cpu = time.process_time() - cpu
         finally:
             proc.terminate()
             proc.wait(timeout=10)
@@ -160,6 +170,10 @@ def bench(platform: str, timing: bool, seconds: float, actuator) -> dict:
     s["sdk_read_p50_ms"] = float(np.percentile(base, 50))
     s["model_p50_ms"] = float(np.percentile(model, 50))
     s["wire_ms"] = wire_ms(bus, p.n) if timing else 0.0
+    # CPU time of this process per cycle (the emulator is another process; waiting for
+    # the bus or the next slot costs none): the rate one free core sustains, whatever the
+    # load of a shared machine does to the wall-clock figures.
+    s["cpu_ms"] = 1e3 * cpu / len(rows)
     # Our overhead: what the loop adds on top of the bare SDK read and the bare forward.
     s["own_p50_ms"] = (s["read_p50_ms"] - s["sdk_read_p50_ms"]) + \
         (s["infer_p50_ms"] - s["model_p50_ms"]) + s["write_p50_ms"]
@@ -171,33 +185,46 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rrd", action="store_true",
                     help="also measure the loop with a Rerun recording (nactuator live --rrd)")
+    ap.add_argument("--model", default=None,
+                    help="a model file (checkpoint or export) instead of the untrained one")
+    ap.add_argument("--fps", type=float, default=None,
+                    help="pace the loop at this rate (default: the platform's)")
+    ap.add_argument("--timing", choices=["off", "on", "both"], default="both",
+                    help="emulated bus timing at 1 Mbps")
     args = ap.parse_args()
     os.environ.setdefault("WARP_CACHE_PATH", str(Path(__file__).parents[1] / ".cache/warp"))
     torch.set_num_threads(1)
     torch.manual_seed(0)
     print(f"live loop, {args.seconds:g} s per case, torch {torch.__version__}, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+          + (f", model {args.model}" if args.model else "")
+          + (f", paced at {args.fps:g} Hz" if args.fps else ""))
     header = ("| platform | servos | bus timing | rate Hz | read p50/p99 ms | SDK-only read p50 | "
               "infer p50/p99 ms | model-only p50 | write p50/p99 ms | total p50/p99 ms | "
-              "wire ms | own overhead p50 ms | jitter p50/p99 ms |")
+              "wire ms | own overhead p50 ms | jitter p50/p99 ms | CPU ms/cycle | "
+              "one-core rate Hz |")
     print(header)
-    print("|" + "---|" * 13)
+    print("|" + "---|" * 15)
     actuators = {}
-    for platform in ("omx", "so101"):
+    model = None if args.model is None else load_model(args.model)
+    platforms = ("omx", "so101") if model is None else (model[1]["platform"],)
+    timings = {"off": (False,), "on": (True,), "both": (False, True)}[args.timing]
+    for platform in platforms:
         p = load_platform(platform)
         stats = {k: {"mean": [0.0] * p.n, "std": [1.0] * p.n} for k in STATS_KEYS}
-        actuator = NeuralActuator(n_motors=p.n, norm_stats=stats,
-                                  model_config={"arch": "transformer"}).eval()
+        actuator = model[0] if model is not None else NeuralActuator(
+            n_motors=p.n, norm_stats=stats, model_config={"arch": "transformer"}).eval()
         actuators[platform] = actuator
-        for timing in (False, True):
-            s = bench(platform, timing, args.seconds, actuator)
+        for timing in timings:
+            s = bench(platform, timing, args.seconds, actuator, args.fps)
             print(f"| {platform} | {p.n} | {'1 Mbps' if timing else 'off'} | "
                   f"{s['rate_hz']:.1f} | {s['read_p50_ms']:.2f}/{s['read_p99_ms']:.2f} | "
                   f"{s['sdk_read_p50_ms']:.2f} | "
                   f"{s['infer_p50_ms']:.2f}/{s['infer_p99_ms']:.2f} | {s['model_p50_ms']:.2f} | "
                   f"{s['write_p50_ms']:.2f}/{s['write_p99_ms']:.2f} | "
                   f"{s['total_p50_ms']:.2f}/{s['total_p99_ms']:.2f} | {s['wire_ms']:.2f} | "
-                  f"{s['own_p50_ms']:.2f} | {s['jitter_p50_ms']:.2f}/{s['jitter_p99_ms']:.2f} |",
+                  f"{s['own_p50_ms']:.2f} | {s['jitter_p50_ms']:.2f}/{s['jitter_p99_ms']:.2f} | "
+                  f"{s['cpu_ms']:.2f} | {1e3 / s['cpu_ms']:,.0f} |",
                   flush=True)
     if not args.rrd:
         return

@@ -23,6 +23,12 @@ def _run(capsys, argv: list[str]) -> tuple[int, list[str]]:
      "notes.txt is not a torch checkpoint"),
     (["export", "--ckpt", "{tmp}/notes.txt", "--out", "{tmp}/a.pt"],
      "notes.txt is not a torch checkpoint"),
+    (["infer", "--ckpt", "{tmp}/run", "--data", "{tmp}"],
+     "run is a folder, not a model file; pass {tmp}/run/best.ckpt or {tmp}/run/last.ckpt"),
+    (["live", "--ckpt", "{tmp}/dataset", "--platform", "so101", "--port", "/dev/null"],
+     "dataset is a folder, not a model file; it is a dataset (give it as --data)"),
+    (["export", "--ckpt", "{tmp}/run/best.ckpt", "--out", "{tmp}/x.onnx", "--format",
+      "torchscript"], "x.onnx: the extension .onnx means onnx, but --format torchscript"),
     (["data", "info", "{tmp}/nowhere"], "nowhere/meta/info.json: missing"),
     (["sim-check", "--platform", "nope"], "unknown platform 'nope'"),
     (["record", "--platform", "so101", "--leader", "{tmp}/no-leader", "--follower",
@@ -30,7 +36,13 @@ def _run(capsys, argv: list[str]) -> tuple[int, list[str]]:
 ])
 def test_a_user_error_is_one_line_and_exit_2(tmp_path, capsys, argv, says):
     (tmp_path / "notes.txt").write_text("not a checkpoint\n")
+    (tmp_path / "run").mkdir()
+    for name in ("best.ckpt", "last.ckpt"):
+        (tmp_path / "run" / name).write_text("a checkpoint\n")
+    (tmp_path / "dataset" / "meta").mkdir(parents=True)
+    (tmp_path / "dataset" / "meta" / "info.json").write_text("{}\n")
     argv = [a.format(tmp=tmp_path) for a in argv]
+    says = says.format(tmp=tmp_path)
     code, lines = _run(capsys, argv)
     assert code == 2
     assert len(lines) == 1, lines
@@ -60,6 +72,19 @@ def test_the_installed_command_prints_no_traceback(tmp_path):
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().count("\n") == 0 and "meta/info.json: missing" in out.stderr
+
+
+def test_a_wrong_ckpt_is_refused_before_torch_is_imported(tmp_path):
+    """The path check runs before the command's room (torch, Lightning, Warp) is imported,
+    so the error comes at once rather than after ~10 s of imports."""
+    (tmp_path / "run").mkdir()
+    script = ("import sys; from nactuator.cli import main; "
+              f"code = main(['infer', '--ckpt', {str(tmp_path / 'run')!r}, '--data', 'x']); "
+              "print(code, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == ["2", "False"], out.stderr
+    assert "run is a folder, not a model file" in out.stderr
 
 
 def test_a_child_command_appends_its_command_line_and_output_to_the_log(tmp_path):

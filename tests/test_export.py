@@ -18,6 +18,7 @@ from nactuator.export import (
     EXPORT_OUTPUTS,
     INT8_PROBABILITY_TOLERANCE,
     INT8_RELATIVE_TOLERANCE,
+    PAD_INPUT,
     ExportableActuator,
     ExportError,
     export,
@@ -47,6 +48,14 @@ def saved_bundle(tmp_path, arch="transformer", features=FULL, full_size=False):
     return path
 
 
+def graph_args(window, names):
+    """The exported graph's positional inputs: the window channels, then ``pad`` (no
+    padded frames unless the window says so)."""
+    channels = [window[k] for k in names if k != PAD_INPUT]
+    pad = window.get(PAD_INPUT, torch.zeros(channels[0].shape[:2], dtype=torch.bool))
+    return [*channels, pad]
+
+
 def eager(path, window):
     act, _ = load_actuator(path)  # EMA weights, like the export
     with torch.no_grad():
@@ -66,7 +75,7 @@ def test_torchscript_matches_eager(tmp_path, arch, features):
     assert meta["outputs"] == ["tau", "force", "gate", "condition"] and meta["window_length"] == 9
     for batch in (1, 7):
         window = make_window(batch=batch, seed=batch)
-        got = module(*(window[k] for k in meta["inputs"]))
+        got = module(*graph_args(window, meta["inputs"]))
         for g, e in zip(got, eager(bundle, window), strict=True):
             assert g.shape == e.shape and (g - e).abs().max() <= 1e-5
 
@@ -77,10 +86,11 @@ def test_onnx_matches_eager(tmp_path):
     out = export(bundle, tmp_path / "actuator.onnx", fmt="onnx")
     session = ort_session(out)
     names = [i.name for i in session.get_inputs()]
-    assert names == ["q_cmd", "q", "qd", "effort", "voltage", "temperature"]
+    assert names == ["q_cmd", "q", "qd", "effort", "voltage", "temperature", "pad"]
     assert "nactuator" in session.get_modelmeta().custom_metadata_map
     window = make_window(batch=3, seed=3)
-    got = session.run(None, {k: window[k].numpy() for k in names})
+    got = session.run(None, {k: x.numpy() for k, x in zip(names, graph_args(window, names),
+                                                           strict=True)})
     for g, e in zip(got, eager(bundle, window), strict=True):
         assert g.shape == tuple(e.shape) and abs(g - e.numpy()).max() <= 1e-5
 
@@ -110,7 +120,8 @@ def stats_window(batch: int, seed: int) -> dict:
 def run_onnx(path, window):
     session = ort_session(path)
     names = [i.name for i in session.get_inputs()]
-    return session.run(None, {k: window[k].numpy() for k in names})
+    return session.run(None, {k: x.numpy() for k, x in zip(names, graph_args(window, names),
+                                                           strict=True)})
 
 
 @pytest.fixture(scope="module")
@@ -215,13 +226,268 @@ def test_full_size_exports_match_eager(tmp_path, arch):
     window = make_window(batch=4, seed=4)
     expected = eager(bundle, window)
     module, meta = load_torchscript(export(bundle, tmp_path / "a.ts"))
-    inputs = tuple(window[k] for k in meta["inputs"])
+    inputs = tuple(graph_args(window, meta["inputs"]))
     tolerance = parity_tolerance(ExportableActuator(load_actuator(bundle)[0]), inputs)
     assert tolerance <= 1e-4  # the floor is rounding, not a loose check
     got = module(*inputs)
     assert all((g - e).abs().max() <= tolerance for g, e in zip(got, expected, strict=True))
     if importlib.util.find_spec("onnxruntime") is not None:
         session = ort_session(export(bundle, tmp_path / "a.onnx", fmt="onnx"))
-        got = session.run(None, {k: window[k].numpy() for k in meta["inputs"]})
+        names = [i.name for i in session.get_inputs()]
+        got = session.run(None, {k: x.numpy() for k, x in zip(names, inputs, strict=True)})
         assert all(abs(g - e.numpy()).max() <= tolerance
                    for g, e in zip(got, expected, strict=True))
+
+
+# ------------------------------------------------- running exports: infer, eval, loader
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """A small so101 dataset, a bundle that filters temperature like its training did
+    (median 5) and its three exports: TorchScript, ONNX fp32, ONNX int8."""
+    from test_eval import synthetic_frames
+
+    from nactuator.data import DatasetWriter
+    from nactuator.platforms import load_platform
+
+    root = tmp_path_factory.mktemp("deployed")
+    platform = load_platform("so101")
+    data = root / "data"
+    with DatasetWriter(data, platform, fps=platform.fps) as w:
+        w.add_episode(synthetic_frames(platform, 70, 1, payload=True), "carry", "test")
+        w.add_episode(synthetic_frames(platform, 40, 2, payload=False), "idle", "test")
+    stats = {k: {"mean": [0.0] * 6, "std": [0.3] * 6} for k in
+             ("q_cmd", "q", "qd", "effort", "error")}
+    stats["voltage"] = {"mean": [12.0] * 6, "std": [0.05] * 6}
+    stats["temperature"] = {"mean": [35.0] * 6, "std": [1.0] * 6}
+    torch.manual_seed(1)
+    act = NeuralActuator(FULL, 6, stats, {"arch": "transformer", **SMALL["transformer"]})
+    training = {"data": {"temperature_median": 5}, "model": {"lr": 1e-3}}
+    ckpt = root / "model.ckpt"
+    save_bundle(bundle_to_dict(act, "so101", {"training_config": training}), ckpt)
+    files = {"torchscript": export(ckpt, root / "model.pt"),
+             "onnx": export(ckpt, root / "model.onnx"),
+             "int8": export(ckpt, root / "model-int8.onnx", quantize="int8")}
+    return {"root": root, "data": data, "ckpt": ckpt, "files": files}
+
+
+def infer_csv(model, deployed, name):
+    from nactuator.eval.infer import infer
+
+    out = deployed["root"] / f"{name}.csv"
+    infer(model, deployed["data"], out=out)
+    import pandas as pd
+
+    return pd.read_csv(out)
+
+
+def test_infer_gives_the_checkpoints_outputs_with_every_export(deployed):
+    """Every frame, padded start frames included, through the same temperature filter."""
+    reference = infer_csv(deployed["ckpt"], deployed, "ckpt")
+    assert len(reference) == 110 and reference["frame"].min() == 0
+    values = [c for c in reference.columns if c not in ("episode", "frame", "timestamp")]
+    assert values == ["fx", "fy", "fz", "gate"] + [f"condition_{c}" for c in
+                                                   ("shoulder_pan", "shoulder_lift",
+                                                    "elbow_flex", "wrist_flex",
+                                                    "wrist_roll", "gripper")]
+    want = torch.tensor(reference[values].to_numpy())
+    rounding = 1e-5 * want.abs() + 1e-9  # the CSV keeps 6 significant digits
+    for kind in ("torchscript", "onnx"):
+        got = infer_csv(deployed["files"][kind], deployed, kind)
+        assert got[["episode", "frame", "timestamp"]].equals(
+            reference[["episode", "frame", "timestamp"]])
+        diff = (torch.tensor(got[values].to_numpy()) - want).abs()
+        assert (diff <= 1e-5 + rounding).all(), (kind, float(diff.max()))
+    # int8: within the export's own int8 tolerances (force relative to its RMS over all
+    # frames, probabilities absolute), and not a float copy.
+    got = infer_csv(deployed["files"]["int8"], deployed, "int8")
+    force = ["fx", "fy", "fz"]
+    conditions = [c for c in values if c.startswith("condition_")]
+    want_force = reference[force].to_numpy()
+    force_error = abs(got[force].to_numpy() - want_force).max()
+    assert 1e-4 < force_error / (want_force**2).mean() ** 0.5 <= INT8_RELATIVE_TOLERANCE
+    for cols in (["gate"], conditions):
+        assert abs(got[cols].to_numpy() - reference[cols].to_numpy()).max() \
+            <= INT8_PROBABILITY_TOLERANCE
+
+
+def test_the_temperature_filter_of_training_travels_with_the_export(deployed):
+    from nactuator.eval.episodes import temperature_window
+    from nactuator.models import load_model
+
+    for path in (deployed["ckpt"], *deployed["files"].values()):
+        _, meta = load_model(path)
+        assert temperature_window(meta) == 5, path
+        assert meta["platform"] == "so101" and meta["mode"] == "telemetry"
+
+
+def test_an_export_drives_the_simulator_rollout_like_its_checkpoint(deployed):
+    """eval's rollout (the protocol: start at q[0], qd = 0, never reset) with the exported
+    torque: the same simulated trajectory, step after step."""
+    from nactuator.eval.episodes import load_episodes
+    from nactuator.eval.protocol import rollout
+    from nactuator.models import load_model
+    from nactuator.platforms import load_platform
+    from nactuator.sim import Simulator
+
+    platform = load_platform("so101")
+    episodes = load_episodes(deployed["data"], platform, "test")
+    sim = Simulator(platform)
+    reference = rollout(load_model(deployed["ckpt"])[0], sim, episodes)
+    assert [r.q.shape for r in reference] == [(70, 6), (40, 6)]
+    for kind in ("torchscript", "onnx"):
+        exported, _ = load_model(deployed["files"][kind])
+        for want, got in zip(reference, rollout(exported, sim, episodes), strict=True):
+            assert got.q.shape == want.q.shape
+            assert abs(got.q - want.q).max() <= 1e-4, kind
+            assert abs(got.tau - want.tau).max() <= 1e-4, kind
+            assert abs(got.gate - want.gate).max() <= 1e-5, kind
+
+
+@pytest.mark.slow
+def test_eval_rolls_an_export_out_like_its_checkpoint(deployed):
+    """``evaluate`` end to end on an ONNX export: the same joint and force errors."""
+    from nactuator.eval import evaluate
+
+    def joint_errors(model, name):
+        out = deployed["root"] / f"eval-{name}"
+        evaluate(model, deployed["data"], split="test", out=out)
+        metrics = json.loads((out / "metrics.json").read_text())
+        return metrics, torch.tensor([e["joints"]["model"]["full"]
+                                      for e in metrics["per_episode"]])
+
+    reference, want = joint_errors(deployed["ckpt"], "ckpt")
+    metrics, got = joint_errors(deployed["files"]["onnx"], "onnx")
+    assert metrics["checkpoint"] == deployed["files"]["onnx"]
+    assert metrics["temperature_median"] == 5 and metrics["steps"] == 69 + 39
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-6), got - want
+    for group in ("model", "model_causal"):  # rollout force, and the infer path's
+        force = metrics["aggregate"]["all"]["mean"]["force"][group]["full"]["mae_axes"]
+        assert force == pytest.approx(
+            reference["aggregate"]["all"]["mean"]["force"][group]["full"]["mae_axes"],
+            rel=1e-4)
+
+
+def test_exports_follow_the_extension_and_refuse_a_mismatch(tmp_path):
+    bundle = saved_bundle(tmp_path, "mlp")
+    import onnx
+
+    from nactuator.model_files import ModelFileError
+
+    _, meta = load_torchscript(export(bundle, tmp_path / "a.ts"))  # no --format: TorchScript
+    assert meta["format"] == "nactuator-export/2"
+    graph = onnx.load(export(bundle, tmp_path / "b.onnx")).graph  # no --format: ONNX
+    assert [i.name for i in graph.input] == [*meta["inputs"], "pad"]
+    with pytest.raises(ModelFileError, match=r"x.onnx: the extension .onnx means onnx, but "
+                                          r"--format torchscript was asked; name the file "
+                                          r"\.pt or \.ts or drop --format"):
+        export(bundle, tmp_path / "x.onnx", fmt="torchscript")
+    with pytest.raises(ModelFileError, match=r"the extension .pt means torchscript, but "
+                                          r"--format onnx was asked; name the file \.onnx"):
+        export(bundle, tmp_path / "x.pt", fmt="onnx")
+    with pytest.raises(ModelFileError, match=r"x.bin: export writes .pt \(torchscript\), .ts "
+                                          r"\(torchscript\), .onnx \(onnx\) files"):
+        export(bundle, tmp_path / "x.bin")
+    assert not any(p.name.startswith("x.") for p in tmp_path.iterdir())
+
+
+def test_metadata_gives_every_input_and_output_its_unit(deployed):
+    import onnx
+
+    from nactuator.platforms import load_platform
+
+    so101 = load_platform("so101")
+    meta = json.loads({p.key: p.value for p in
+                       onnx.load(deployed["files"]["int8"]).metadata_props}["nactuator"])
+    units = meta["units"]
+    assert units["channels"] == so101.channel_names
+    assert units["inputs"]["q"] == ["rad"] * 6 and units["inputs"]["qd"] == ["rad/s"] * 6
+    assert units["inputs"]["voltage"] == ["V"] * 6
+    assert units["inputs"]["temperature"] == ["°C"] * 6
+    # so101's effort is the STS3215 load register as a fraction of max torque, not amps
+    assert so101.effort_signal == "load"
+    assert all(u.startswith("fraction of max torque") for u in units["inputs"]["effort"])
+    assert set(units["inputs"]) == set(meta["inputs"])
+    assert units["outputs"]["tau"] == ["N·m"] * 6 and units["outputs"]["force"].startswith("N,")
+    assert meta["graph_inputs"] == [*meta["inputs"], "pad"]
+    assert meta["input_shapes"]["pad"] == ["batch", 9]
+    assert meta["output_shapes"]["condition"] == ["batch", 6]
+
+
+def test_units_follow_the_platform_omx_gripper_is_prismatic():
+    from nactuator.export import export_units
+    from nactuator.platforms import load_platform
+
+    omx = load_platform("omx")
+    units = export_units(omx, ["q_cmd", "q", "qd", "effort"])
+    kinds = [c.kind for c in omx.channels]
+    assert kinds[-1] == "prismatic" and set(kinds[:-1]) == {"revolute"}
+    assert units["inputs"]["q"] == ["rad"] * 4 + ["m"]
+    assert units["inputs"]["qd"] == ["rad/s"] * 4 + ["m/s"]
+    assert units["inputs"]["effort"] == ["A (Present Current)"] * 5
+    assert units["outputs"]["tau"] == ["N·m"] * 4 + ["N"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_exported_files_honour_the_umask(tmp_path, umask):
+    import os
+    import stat
+
+    bundle = saved_bundle(tmp_path, "mlp")
+    old = os.umask(umask)
+    try:
+        path = Path(export(bundle, tmp_path / "deploy" / "a.pt"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert [p.name for p in path.parent.iterdir()] == ["a.pt"]
+
+
+def test_commands_that_need_a_checkpoint_say_so_for_an_export(deployed):
+    from nactuator.models import BundleError
+
+    for kind, path in deployed["files"].items():
+        name = "torchscript" if kind == "torchscript" else "onnx"
+        with pytest.raises(BundleError, match=rf"is an exported {name} model: infer, live "
+                                              r"and eval run it, but this needs the "
+                                              r"checkpoint \(.ckpt\)"):
+            load_actuator(path)
+    with pytest.raises(BundleError, match="is an exported torchscript model"):
+        export(deployed["files"]["torchscript"], deployed["root"] / "again.onnx")
+
+
+def test_a_file_of_an_older_export_format_is_refused_with_what_to_do(tmp_path):
+    import onnx
+
+    from nactuator.models import BundleError, load_model
+
+    bundle = saved_bundle(tmp_path, "mlp")
+    path = Path(export(bundle, tmp_path / "a.onnx"))
+    model = onnx.load(path)
+    meta = json.loads({p.key: p.value for p in model.metadata_props}["nactuator"])
+    onnx.helper.set_model_props(model, {"nactuator": json.dumps(
+        {**meta, "format": "nactuator-export/1"})})
+    onnx.save(model, path)
+    with pytest.raises(BundleError, match=r"a.onnx was exported in format "
+                                          r"'nactuator-export/1'; .* export it again"):
+        load_model(path)
+    (tmp_path / "b.onnx").write_bytes(b"not a protobuf")
+    with pytest.raises(BundleError, match="b.onnx is not a readable ONNX model"):
+        load_model(tmp_path / "b.onnx")
+
+
+def test_the_model_kind_is_read_from_the_content_not_the_name(tmp_path, deployed):
+    """A bundle saved as .pt is a checkpoint; a TorchScript file named .onnx (what
+    `export --out x.onnx` wrote before the extension decided) still runs as TorchScript."""
+    import shutil
+
+    from nactuator.model_files import model_kind
+    from nactuator.models import load_model
+
+    assert model_kind(saved_bundle(tmp_path, "mlp")) == "checkpoint"  # actuator.pt
+    assert model_kind(deployed["files"]["torchscript"]) == "torchscript"
+    assert model_kind(deployed["files"]["int8"]) == "onnx"
+    misnamed = shutil.copy(deployed["files"]["torchscript"], tmp_path / "misnamed.onnx")
+    assert model_kind(misnamed) == "torchscript"
+    assert load_model(misnamed)[0].kind == "torchscript"

@@ -122,3 +122,47 @@ def test_live_cli_takes_a_calibration_and_shows_its_status(tmp_path, capsys) -> 
                  "--calibration", str(tmp_path / "missing.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "calibration file" in err[0]
+
+
+def test_live_streams_an_exported_model_like_its_checkpoint(tmp_path) -> None:
+    """The live path (StreamingWindow, zero-padded warm-up included) with an ONNX export of
+    a checkpoint: each cycle's outputs are the checkpoint's on the same window; its
+    TorchScript export streams through `nactuator live`."""
+    import torch
+
+    from nactuator.cli import main
+    from nactuator.control.live import LiveLoop
+    from nactuator.export import export
+    from nactuator.hardware.bus import open_bus
+    from nactuator.models import load_actuator, load_model
+
+    stats = {k: {"mean": [0.0] * 5, "std": [1.0] * 5} for k in STATS_KEYS}
+    torch.manual_seed(2)
+    small = NeuralActuator(n_motors=5, norm_stats=stats, model_config={
+        "arch": "transformer", "d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64})
+    ckpt = save_bundle(bundle_to_dict(small, "omx"), tmp_path / "omx.pt")
+    fp32 = export(ckpt, tmp_path / "omx.onnx")
+    torchscript = export(ckpt, tmp_path / "omx-export.pt")
+    reference, _ = load_actuator(ckpt)
+    exported, meta = load_model(fp32, expect_platform="omx")
+    assert meta["export"] == {"kind": "onnx", "quantize": "none"}
+    omx = with_hardware(load_platform("omx"), rx_timeout_ms=5000.0, reply_timeout_ms=5000.0)
+    with Emulator("dynamixel", "omx", seed=4) as follower, open_bus(omx, follower.port) as bus:
+        bus.wait_ready()
+        loop = LiveLoop(exported, bus, omx, bus.read_goal())
+        for cycle in range(12):
+            row = loop.cycle(scheduled=0.0)
+            with torch.no_grad():
+                want = reference(loop.window.tensors())
+            assert int(row["warm"]) == int(cycle >= 8)
+            got = np.array([row["fx"], row["fy"], row["fz"], row["gate"]])
+            expected = np.array([*want["force"][0].tolist(), float(want["gate"][0, 0])])
+            np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+            conditions = [row[f"condition_{c}"] for c in omx.channel_names]
+            np.testing.assert_allclose(conditions, want["condition"][0].numpy(), atol=1e-5)
+    with Emulator("dynamixel", "omx", seed=5) as follower:
+        code = main(["live", "--ckpt", torchscript, "--platform", "omx", "--port", follower.port,
+                     "--seconds", "0.3", "--quiet", "--out", str(tmp_path / "ts.csv")])
+    rows = list(csv.DictReader((tmp_path / "ts.csv").open()))
+    assert code == 0 and len(rows) == round(0.3 * omx.fps)
+    assert all(np.isfinite(float(r["fz"])) and 0 <= float(r["gate"]) <= 1 for r in rows)

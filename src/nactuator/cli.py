@@ -72,7 +72,18 @@ def _train(a: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _check_model_paths(*paths: str | None) -> None:
+    """A missing --ckpt, or a folder given for one, is refused before the room's (slow)
+    imports; the loader decides the rest."""
+    from nactuator.model_files import model_kind
+
+    for path in paths:
+        if path is not None:
+            model_kind(path)
+
+
 def _eval(a: argparse.Namespace) -> int:
+    _check_model_paths(a.ckpt, a.compare)
     from nactuator.eval import evaluate
 
     cv = None if a.cv_folds is None else (a.cv_folds, a.cv_fold)
@@ -118,6 +129,7 @@ def _plan(a: argparse.Namespace) -> int:
 
 
 def _infer(a: argparse.Namespace) -> int:
+    _check_model_paths(a.ckpt)
     from nactuator.eval.infer import infer
 
     print(infer(a.ckpt, a.data, split=a.split, out=a.out, force_only=a.force_only))
@@ -125,6 +137,10 @@ def _infer(a: argparse.Namespace) -> int:
 
 
 def _export(a: argparse.Namespace) -> int:
+    from nactuator.model_files import export_format
+
+    _check_model_paths(a.ckpt)
+    export_format(a.out, a.format)  # before importing torch: a wrong name fails at once
     from nactuator.export import export
 
     print(export(a.ckpt, a.out, fmt=a.format, quantize=a.quantize))
@@ -165,6 +181,7 @@ def _record(a: argparse.Namespace) -> int:
 
 
 def _live(a: argparse.Namespace) -> int:
+    _check_model_paths(a.ckpt)
     from nactuator.control.live import run_live
 
     print(run_live(ckpt=a.ckpt, platform=a.platform, port=a.port, out=a.out,
@@ -205,6 +222,8 @@ def _add_viewer_flags(s: argparse.ArgumentParser, what: str) -> None:
 PLATFORM_HELP = "platform name: so101, omx, franka or pendulum (conf/platform/<name>.yaml)"
 DEVICE_HELP = "cpu (default) or cuda[:i]"
 CKPT_HELP = "a checkpoint from `nactuator train`/`fit` (.ckpt) or a saved actuator bundle"
+MODEL_HELP = (CKPT_HELP + ", or a file from `nactuator export` (TorchScript .pt/.ts, "
+              "ONNX .onnx, fp32 or int8)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -275,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_train, passthrough=True)
 
     s = sub.add_parser("eval", help="evaluation protocol: rollouts, metrics, plots")
-    s.add_argument("--ckpt", required=True, help=CKPT_HELP)
+    s.add_argument("--ckpt", required=True, help=MODEL_HELP)
     s.add_argument("--data", required=True, help="dataset path(s), comma separated")
     s.add_argument("--split", default="test", choices=["train", "validation", "test"],
                    help="episodes to evaluate (default: test)")
@@ -291,8 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--baselines-config", default=None, metavar="YAML",
                    help="partial YAML merged onto conf/eval/baselines.yaml")
     s.add_argument("--compare", default=None, metavar="CKPT",
-                   help="a second checkpoint rolled out on the same episodes (its joint rows "
-                        "beside the model's), e.g. a counterfactual beside a telemetry model")
+                   help="a second checkpoint (or export) rolled out on the same episodes (its "
+                        "joint rows beside the model's), e.g. a counterfactual beside a "
+                        "telemetry model")
     s.set_defaults(func=_eval)
 
     s = sub.add_parser("cv", help="k-fold cross-validation by trajectory of a training "
@@ -373,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_plan)
 
     s = sub.add_parser("infer", help="causal force/gate/condition from telemetry (no simulator)")
-    s.add_argument("--ckpt", required=True, help=CKPT_HELP)
+    s.add_argument("--ckpt", required=True, help=MODEL_HELP)
     s.add_argument("--data", required=True, help="dataset path(s), comma separated")
     s.add_argument("--split", default=None, choices=["train", "validation", "test"],
                    help="episodes to run on (default: all)")
@@ -384,9 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("export", help="export a checkpoint's model for deployment")
     s.add_argument("--ckpt", required=True, help=CKPT_HELP)
-    s.add_argument("--out", required=True, help="file to write (.pt or .onnx)")
-    s.add_argument("--format", default="torchscript", choices=["torchscript", "onnx"],
-                   help="TorchScript (default) or ONNX")
+    s.add_argument("--out", required=True,
+                   help="file to write: .pt or .ts (TorchScript) or .onnx (ONNX)")
+    s.add_argument("--format", default=None, choices=["torchscript", "onnx"],
+                   help="default: from the --out extension, which it must agree with")
     s.add_argument("--quantize", default="none", choices=["none", "int8"],
                    help="int8: ONNX Runtime dynamic quantization (--format onnx only), "
                         "checked against eager within the int8 tolerances")
@@ -450,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_record)
 
     s = sub.add_parser("live", help="live virtual force sensor on a servo bus")
-    s.add_argument("--ckpt", required=True, help=CKPT_HELP)
+    s.add_argument("--ckpt", required=True, help=MODEL_HELP)
     s.add_argument("--platform", required=True, help=PLATFORM_HELP)
     s.add_argument("--port", required=True, help="serial port of the arm (or an emulator's pty)")
     s.add_argument("--calibration", default=None,

@@ -30,7 +30,7 @@ import torch
 from nactuator.hardware.bus import TelemetryBus, TelemetryFrame, open_bus
 from nactuator.hardware.signals import sigterm_as_interrupt
 from nactuator.hardware.timing import FixedRate
-from nactuator.models import load_actuator
+from nactuator.models import load_model
 from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import StreamingWindow
 from nactuator.viewer import Viewer, open_viewer
@@ -215,7 +215,10 @@ def run_live(ckpt: str | Path, platform: str | Platform, port: str,
     p = platform if isinstance(platform, Platform) else load_platform(platform)
     if seconds is not None and not seconds > 0:
         raise ValueError(f"seconds must be > 0, got {seconds}")
-    actuator, meta = load_actuator(ckpt, map_location=device, expect_platform=p.name)
+    if threads is not None:  # before loading: an ONNX session takes its thread count then
+        torch.set_num_threads(threads)
+    # A checkpoint, bundle or exported .pt/.onnx file (nactuator.models.load_model).
+    actuator, meta = load_model(ckpt, map_location=device, expect_platform=p.name)
     if actuator.n_motors != p.n:
         raise ValueError(f"{ckpt}: actuator has {actuator.n_motors} motors, platform "
                          f"{p.name!r} has {p.n} channels")
@@ -224,8 +227,6 @@ def run_live(ckpt: str | Path, platform: str | Platform, port: str,
         raise ValueError(f"{ckpt}: the model reads {unread}, which the live loop does not "
                          f"stream (it reads {list(LIVE_CHANNELS)}); use it with eval, "
                          "bench-bam or plan")
-    if threads is not None:
-        torch.set_num_threads(threads)
     viewer = open_viewer(f"live {p.name} {port}", p.channel_names, rrd, display)
     # SIGTERM ends the loop like Ctrl-C; leaving open_bus() switches torque off either way.
     with sigterm_as_interrupt(), open_bus(p, port, calibration) as bus:

@@ -30,7 +30,7 @@ from nactuator.eval.infer import predict_episodes
 from nactuator.eval.plots import plot_force, plot_joints
 from nactuator.eval.protocol import rollout, score_episode
 from nactuator.eval.report import markdown_report
-from nactuator.models import load_actuator
+from nactuator.models import load_model
 from nactuator.platforms import load_platform
 
 __all__ = ["LINEAR_RIDGE", "MAX_PLOTTED_EPISODES", "evaluate"]
@@ -93,7 +93,7 @@ def _compare(ckpt, platform, recorded, per_episode, scales, horizons, device) ->
     to ``per_episode`` in place and returns what it was."""
     from nactuator.sim import Simulator
 
-    other, meta = load_actuator(ckpt, map_location=device)
+    other, meta = load_model(ckpt, map_location=device)
     if meta["platform"] != platform.name:
         raise EvalDataError(f"--compare {ckpt} is for platform {meta['platform']!r}, the "
                             f"evaluated checkpoint for {platform.name!r}")
@@ -140,7 +140,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
 
     t0 = time.perf_counter()
     out = Path(out)
-    actuator, meta = load_actuator(ckpt, map_location=device)
+    actuator, meta = load_model(ckpt, map_location=device)  # checkpoint or export
     platform = load_platform(meta["platform"])
     if actuator.n_motors != platform.n:
         raise EvalDataError(f"{ckpt}: the model drives {actuator.n_motors} motors but platform "

@@ -31,7 +31,7 @@ from nactuator.eval.episodes import (
     split_paths,
     temperature_window,
 )
-from nactuator.models import load_actuator
+from nactuator.models import load_model
 from nactuator.platforms import load_platform
 from nactuator.rollout import causal_windows
 
@@ -62,7 +62,8 @@ def _predict(actuator, episodes: Sequence[Episode],
     per_ep = [causal_windows(ep.frames, keys, actuator.window_length) for ep in episodes]
     stacked = {k: torch.cat([w[k] for w in per_ep]) for k in [*keys, "pad"]}
     total = stacked[keys[0]].shape[0]
-    device = next(actuator.parameters()).device
+    # An exported model (models.exported) has no parameters and runs on the CPU.
+    device = next((p.device for p in actuator.parameters()), torch.device("cpu"))
     outs = {"force": [], "gate": [], "condition": []}
     for start in range(0, total, batch_size):
         window = {k: v[start:start + batch_size].to(device) for k, v in stacked.items()}
@@ -93,7 +94,7 @@ def infer(ckpt: str | os.PathLike, data, split: str | None = None,
     summary: frames, throughput, and force MAE against the labels where there are any.
     """
     t0 = time.perf_counter()
-    actuator, meta = load_actuator(ckpt)
+    actuator, meta = load_model(ckpt)  # a checkpoint, bundle or exported .pt/.onnx
     platform = load_platform(meta["platform"])
     episodes = load_episodes(data, platform, split)
     if not episodes:

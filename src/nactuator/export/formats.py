@@ -3,9 +3,13 @@
 float32 files must match eager to 1e-5; an int8 ONNX file (``quantize="int8"``) must stay
 within the quantization tolerances of ``nactuator.export.quantize``.
 
-Both files carry the same JSON metadata (platform, input and output names, window
-length, feature groups, model config) so a deployment needs nothing else: TorchScript as
-the ``nactuator.json`` extra file, ONNX as the model's ``metadata_props``.
+The format follows the file's extension (``.pt``/``.ts``: TorchScript, ``.onnx``: ONNX); an
+explicit ``fmt`` must agree with it. Both files carry the same JSON metadata (platform,
+input and output names, shapes and units, window length, feature groups, model and
+training config) so a deployment needs nothing else: TorchScript as the ``nactuator.json``
+extra file, ONNX as the model's ``metadata_props``. ``nactuator.models.load_model`` runs
+either file in ``infer``, ``live`` and ``eval``. Files are written atomically with the
+permissions of any new file (the umask applies).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 import torch
 
+from nactuator.atomic import atomic_path, json_safe
 from nactuator.errors import UserError
 from nactuator.export.graph import EXPORT_FORMAT, EXPORT_OUTPUTS, ExportableActuator
 from nactuator.export.quantize import (
@@ -29,10 +34,14 @@ from nactuator.export.quantize import (
     measure_int8_errors,
     quantize_onnx_int8,
 )
+from nactuator.export.units import export_units
+from nactuator.model_files import EXPORT_EXTENSIONS, ONNX, TORCHSCRIPT, export_format
 from nactuator.models import NeuralActuator, load_actuator
+from nactuator.models.exported import META_FILE, ONNX_META_KEY, PAD_INPUT, ort_session
+from nactuator.platforms import load_platform
 
-FORMATS = ("torchscript", "onnx")
-META_FILE = "nactuator.json"
+FORMATS = (TORCHSCRIPT, ONNX)
+EXTENSIONS = EXPORT_EXTENSIONS
 TOLERANCE = 1e-5  # max |exported - eager| accepted on every output (see parity_tolerance)
 
 
@@ -41,30 +50,35 @@ class ExportError(UserError, RuntimeError):
 
 
 def export_metadata(actuator: NeuralActuator, meta: dict[str, Any]) -> dict[str, Any]:
-    return {
+    n, length = actuator.n_motors, actuator.window_length
+    platform = meta.get("platform")
+    metadata = {
         "format": EXPORT_FORMAT,
-        "platform": meta.get("platform"),
+        "platform": platform,
         "inputs": actuator.inputs,
+        "graph_inputs": [*actuator.inputs, PAD_INPUT],
         "outputs": list(EXPORT_OUTPUTS),
-        "input_shape": ["batch", actuator.window_length, actuator.n_motors],
-        "window_length": actuator.window_length,
-        "n_motors": actuator.n_motors,
+        "input_shapes": {**{k: ["batch", length, n] for k in actuator.inputs},
+                         PAD_INPUT: ["batch", length]},
+        "output_shapes": {"tau": ["batch", n], "force": ["batch", 3], "gate": ["batch", 1],
+                          "condition": ["batch", n]},
+        "window_length": length,
+        "n_motors": n,
         "features": actuator.features,
         "model_config": actuator.model_config,
         "weights": meta.get("weights"),
+        # What the model was trained on (e.g. data.temperature_median): the runner feeds
+        # the telemetry through the same filters as for the checkpoint.
+        "training_config": json_safe(meta.get("training_config")),
     }
+    if platform is not None:
+        metadata["units"] = export_units(load_platform(platform), actuator.inputs)
+    return metadata
 
 
 def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path, suffix=path.suffix) as tmp:
+        write(str(tmp))
 
 
 def rounding_floor(graph: ExportableActuator, inputs: tuple[torch.Tensor, ...]) -> float:
@@ -122,7 +136,7 @@ def load_torchscript(path: str | os.PathLike) -> tuple[torch.jit.ScriptModule, d
     return module, json.loads(extra[META_FILE])
 
 
-def _onnx_modules() -> tuple[Any, Any]:
+def _onnx_module() -> Any:
     try:
         import onnx
         import onnxscript  # noqa: F401  (torch's ONNX exporter needs it)
@@ -130,22 +144,7 @@ def _onnx_modules() -> tuple[Any, Any]:
         raise ExportError(f"fmt='onnx' needs the onnx and onnxscript packages ({err}); "
                           f"install them with `pip install onnx onnxscript onnxruntime`, "
                           f"or export fmt='torchscript'") from err
-    try:
-        import onnxruntime
-    except ImportError:
-        onnxruntime = None
-    return onnx, onnxruntime
-
-
-def ort_session(path: str | os.PathLike, threads: int = 1) -> Any:
-    """An ONNX Runtime CPU session for an exported file."""
-    _, onnxruntime = _onnx_modules()
-    if onnxruntime is None:
-        raise ExportError("running an ONNX export needs onnxruntime (`pip install onnxruntime`)")
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return onnx
 
 
 def _check_int8(session: Any, graph: ExportableActuator) -> dict[str, float]:
@@ -163,14 +162,12 @@ def _check_int8(session: Any, graph: ExportableActuator) -> dict[str, float]:
 
 def to_onnx(actuator: NeuralActuator, out: Path, metadata: dict[str, Any],
             quantize: str = "none") -> None:
-    """torch.export-based ONNX export with a dynamic batch axis; checked with ONNX Runtime
-    when it is installed. ``quantize="int8"`` (needs onnxruntime) checks the float32 graph
-    to 1e-5 first, then quantizes it and checks the int8 file with ``quantize.int8_errors``;
-    the measured errors go into the file's metadata as ``int8_errors``."""
+    """torch.export-based ONNX export with a dynamic batch axis, checked with ONNX Runtime.
+    ``quantize="int8"`` checks the float32 graph to 1e-5 first, then quantizes it and checks
+    the int8 file with ``quantize.int8_errors``; the measured errors go into the file's
+    metadata as ``int8_errors``."""
     quantize = check_quantize_option(quantize, "onnx")
-    onnx, onnxruntime = _onnx_modules()
-    if quantize == "int8" and onnxruntime is None:
-        raise ExportError("quantize='int8' needs onnxruntime (`pip install onnxruntime`)")
+    onnx = _onnx_module()
     graph = ExportableActuator(actuator).eval()
     batch = torch.export.Dim("batch")
     # The forward takes *channels, so the dynamic shapes are one tuple for that argument.
@@ -182,7 +179,7 @@ def to_onnx(actuator: NeuralActuator, out: Path, metadata: dict[str, Any],
     if program is None:
         raise ExportError("torch.onnx.export returned no program")
     model = program.model_proto
-    onnx.helper.set_model_props(model, {"nactuator": json.dumps(metadata)})
+    onnx.helper.set_model_props(model, {ONNX_META_KEY: json.dumps(metadata)})
 
     def check_float32(path: str) -> None:
         session = ort_session(path)
@@ -194,8 +191,7 @@ def to_onnx(actuator: NeuralActuator, out: Path, metadata: dict[str, Any],
     def write(tmp: str) -> None:
         if quantize == "none":
             onnx.save(model, tmp)
-            if onnxruntime is not None:
-                check_float32(tmp)
+            check_float32(tmp)
             return
         with tempfile.TemporaryDirectory(prefix="nactuator-int8-") as scratch:
             float32 = str(Path(scratch) / "float32.onnx")
@@ -204,26 +200,27 @@ def to_onnx(actuator: NeuralActuator, out: Path, metadata: dict[str, Any],
             quantize_onnx_int8(Path(float32), Path(tmp))
         errors = _check_int8(ort_session(tmp), graph)
         quantized = onnx.load(tmp)
-        onnx.helper.set_model_props(quantized, {"nactuator": json.dumps(
+        onnx.helper.set_model_props(quantized, {ONNX_META_KEY: json.dumps(
             {**metadata, "quantize": "int8", "int8_errors": errors})})
         onnx.save(quantized, tmp)
 
     _atomic_write(out, write)
 
 
-def export(ckpt: str | os.PathLike, out: str | os.PathLike, fmt: str = "torchscript",
+def export(ckpt: str | os.PathLike, out: str | os.PathLike, fmt: str | None = None,
            use_ema: bool = True, quantize: str = "none") -> str:
     """Export a checkpoint's (or bundle's) actuator; returns the path written.
 
-    ``quantize="int8"`` (``fmt="onnx"`` only) writes ONNX Runtime's dynamic int8
-    quantization, checked against the tolerances of ``nactuator.export.quantize``."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown export format {fmt!r}; expected one of {list(FORMATS)}")
+    The format follows ``out``'s extension (``.pt``/``.ts`` TorchScript, ``.onnx`` ONNX);
+    ``fmt``, if given, must agree with it. ``quantize="int8"`` (ONNX only) writes ONNX
+    Runtime's dynamic int8 quantization, checked against the tolerances of
+    ``nactuator.export.quantize``."""
+    fmt = export_format(out, fmt)
     quantize = check_quantize_option(quantize, fmt)
     actuator, meta = load_actuator(ckpt, use_ema=use_ema)
     metadata = {**export_metadata(actuator, meta), "quantize": quantize}
     out = Path(out)
-    if fmt == "torchscript":
+    if fmt == TORCHSCRIPT:
         to_torchscript(actuator, out, metadata)
     else:
         to_onnx(actuator, out, metadata, quantize=quantize)

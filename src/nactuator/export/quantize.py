@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from nactuator.errors import UserError
 from nactuator.export.graph import EXPORT_OUTPUTS, ExportableActuator
 
 QUANTIZE = ("none", "int8")
@@ -36,17 +37,21 @@ INT8_CHECK_BATCH = 256
 SCALED_OUTPUTS = ("tau", "force")  # in physical units: judged relative to their size
 
 
+class QuantizeOptionError(UserError, ValueError):
+    """An unknown ``quantize`` value, or int8 asked for a format that has none."""
+
+
 def check_quantize_option(quantize: str | None, fmt: str) -> str:
     """The normalised option (``None`` means ``"none"``); a clear error for bad values."""
     quantize = "none" if quantize is None else quantize
     if quantize not in QUANTIZE:
-        raise ValueError(f"unknown quantize option {quantize!r}; expected one of "
-                         f"{list(QUANTIZE)}")
+        raise QuantizeOptionError(f"unknown quantize option {quantize!r}; expected one "
+                                  f"of {list(QUANTIZE)}")
     if quantize == "int8" and fmt != "onnx":
         # torch.ao's dynamic quantization is deprecated in torch 2.13 and its TorchScript
         # file ran slower than ONNX Runtime's int8 here (docs/benchmarks.md, Inference).
-        raise ValueError(f"quantize='int8' is available for fmt='onnx' only, got "
-                         f"fmt={fmt!r}")
+        raise QuantizeOptionError(f"quantize='int8' is available for fmt='onnx' only, got "
+                                  f"fmt={fmt!r}")
     return quantize
 
 

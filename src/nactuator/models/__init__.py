@@ -3,7 +3,9 @@
 ``FeatureBuilder`` turns a window of raw channels into normalised tokens, ``build_model``
 makes one encoder (transformer | mlp | gru | lstm) with the shared torque / force-gate /
 condition heads, ``NeuralActuator`` joins the two, and the bundle functions save and
-rebuild a trained actuator without its training data or config files.
+rebuild a trained actuator without its training data or config files. ``load_model`` loads
+what ``infer``, ``live`` and ``eval`` run: a checkpoint/bundle, or a file written by
+``nactuator export`` (run by ``models.exported.ExportedActuator``).
 """
 
 from nactuator.models.actuator import NeuralActuator
@@ -13,6 +15,7 @@ from nactuator.models.bundle import (
     BundleError,
     bundle_to_dict,
     load_actuator,
+    load_model,
     save_bundle,
 )
 from nactuator.models.features import (
@@ -42,6 +45,7 @@ __all__ = [
     "count_parameters",
     "feature_channels",
     "load_actuator",
+    "load_model",
     "save_bundle",
     "window_channels",
 ]

@@ -3,6 +3,9 @@
 A bundle is a plain dict (torch-saveable) that a Lightning checkpoint carries under
 ``checkpoint["nactuator"]`` or that is saved on its own. Loading never needs the
 training data or any config file: features, norm stats and every model size are inside.
+``load_model`` is the one loader of a model to *run* (``infer``, ``live``, ``eval``): a
+bundle, or an exported TorchScript/ONNX file; ``load_actuator`` rebuilds the trainable
+``NeuralActuator`` and refuses an exported file with a one-line error.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from torch import nn
 
 from nactuator.atomic import atomic_path
 from nactuator.errors import UserError
+from nactuator.model_files import CHECKPOINT, model_kind
 from nactuator.models.actuator import NeuralActuator
 
 BUNDLE_FORMAT = "nactuator-actuator/1"
@@ -104,8 +108,11 @@ def _read(source: str | os.PathLike | Mapping, map_location: Any) -> tuple[dict,
     if isinstance(source, Mapping):
         return dict(source), "<dict>"
     path = Path(source)
-    if not path.is_file():
-        raise FileNotFoundError(f"actuator checkpoint/bundle {path} does not exist")
+    kind = model_kind(path)
+    if kind != CHECKPOINT:
+        raise BundleError(f"{path} is an exported {kind} model: infer, live and eval run it, "
+                          "but this needs the checkpoint (.ckpt) or bundle it was exported "
+                          "from (an export has no trainable weights or gradients)")
     try:
         # weights_only: the restricted unpickler builds tensors and plain containers only, so
         # a crafted file cannot run code. Our checkpoints and bundles hold nothing else.
@@ -170,3 +177,24 @@ def load_actuator(source: str | os.PathLike | Mapping, use_ema: bool = True,
                                        "extra")}
     meta.update(weights=weights, source=where, mode=actuator.mode)
     return actuator, meta
+
+
+def load_model(source: str | os.PathLike | Mapping, use_ema: bool = True,
+               map_location: Any = "cpu", expect_platform: str | None = None,
+               ) -> tuple[nn.Module, dict[str, Any]]:
+    """The one loader of "a model ``infer``, ``live`` and ``eval`` can run": a checkpoint
+    or bundle (:func:`load_actuator`), or a file written by ``nactuator export``
+    (TorchScript, or ONNX float32/int8 run with ONNX Runtime;
+    :class:`~nactuator.models.exported.ExportedActuator`). Either way the result takes a
+    window dict and returns ``tau``, ``force``, ``gate``, ``condition`` (and their logits),
+    with the same ``meta`` keys; an export's ``meta["export"]`` says which file it was.
+    ``use_ema`` and ``map_location`` apply to checkpoints (an export was written with
+    one set of weights, ``meta["weights"]``, and runs on the CPU)."""
+    if isinstance(source, Mapping):
+        return load_actuator(source, use_ema, map_location, expect_platform)
+    kind = model_kind(source)
+    if kind == CHECKPOINT:
+        return load_actuator(source, use_ema, map_location, expect_platform)
+    from nactuator.models.exported import load_exported
+
+    return load_exported(source, kind, expect_platform)
