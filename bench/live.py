@@ -24,6 +24,7 @@ import torch
 
 from nactuator.control.live import LiveLoop, summarize_timings
 from nactuator.hardware.bus import open_bus
+from nactuator.input_filters import input_filter_spec
 from nactuator.models import NeuralActuator
 from nactuator.platforms import load_platform
 
@@ -98,6 +99,7 @@ def model_only_ms(actuator, n: int, cycles: int) -> np.ndarray:
 def bench(platform: str, timing: bool, seconds: float, actuator) -> dict:
     p = load_platform(platform)
     bus = p.hardware["bus"]
+    filters = input_filter_spec()  # what a default training run saves in the bundle
     with tempfile.TemporaryDirectory() as tmp:
         link = Path(tmp) / "port"
         proc = start_emulator(bus, platform, link, timing, seconds * 2 + 30)
@@ -105,7 +107,7 @@ def bench(platform: str, timing: bool, seconds: float, actuator) -> dict:
             with open_bus(p, str(link)) as b:
                 b.wait_ready()
                 base = baseline_read_ms(b, int(seconds * p.fps / 2))
-                loop = LiveLoop(actuator, b, p, b.read_goal())
+                loop = LiveLoop(actuator, b, p, b.read_goal(), filters)
                 rows = loop.run(seconds, sink=None)
         finally:
             proc.terminate()

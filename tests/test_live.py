@@ -8,11 +8,13 @@ import csv
 import numpy as np
 import pytest
 
-from nactuator.control.live import hold_last_valid, run_live
+from nactuator.control.live import run_live
 from nactuator.hardware.emulator import Emulator
 from nactuator.hardware.recorder import with_hardware
+from nactuator.input_filters import input_filter_spec
 from nactuator.models import NeuralActuator, bundle_to_dict, save_bundle
 from nactuator.platforms import load_platform
+from nactuator.rollout import StreamingWindow
 
 STATS_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
 
@@ -28,12 +30,14 @@ def untrained_bundle(path, platform: str, n: int) -> str:
 
 
 def test_a_motor_not_read_this_cycle_keeps_its_last_reading() -> None:
-    held = {"q": np.full(2, np.nan, dtype=np.float32)}
-    hold_last_valid(held, {"q": np.array([1.0, 2.0])}, np.array([True, True]))
-    hold_last_valid(held, {"q": np.array([3.0, np.nan])}, np.array([True, False]))
-    np.testing.assert_array_equal(held["q"], [3.0, 2.0])
-    hold_last_valid(held, {"q": np.array([9.0, 7.0])}, np.array([False, True]))
-    np.testing.assert_array_equal(held["q"], [3.0, 7.0])
+    """The live loop's window (StreamingWindow with the bundle's filters) holds a motor's
+    last valid reading; before its first reading the motor reads 0."""
+    window = StreamingWindow(["q"], 3, 2, filters=input_filter_spec(1))
+    window.push({"q": np.array([np.nan, 2.0])}, valid=np.array([False, True]))
+    window.push({"q": np.array([3.0, np.nan])}, valid=np.array([True, False]))
+    window.push({"q": np.array([9.0, 7.0])}, valid=np.array([False, True]))
+    np.testing.assert_array_equal(window.tensors()["q"][0].numpy(),
+                                  [[0.0, 2.0], [3.0, 2.0], [3.0, 7.0]])
 
 
 def test_live_streams_forces_from_an_emulated_arm(tmp_path) -> None:

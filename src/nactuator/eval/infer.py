@@ -1,7 +1,8 @@
 """``infer``: the deployment path — force, contact gate and condition from telemetry alone.
 
 No simulator: every frame's window is the *recorded* commands, state and telemetry of the
-last L frames (:func:`nactuator.rollout.causal_windows`: zero-padded before the episode
+last L frames, after the checkpoint's input filters (:mod:`nactuator.input_filters`)
+(:func:`nactuator.rollout.causal_windows`: zero-padded before the episode
 start, as in training), so each estimate
 uses only what a live robot would have seen up to that frame. All windows of all episodes
 go through the network in large batches.
@@ -24,12 +25,11 @@ from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
     EvalDataError,
     check_inputs,
-    filter_temperature,
+    filter_episode,
     force_labels,
     is_no_contact,
     load_episodes,
     split_paths,
-    temperature_window,
 )
 from nactuator.models import load_actuator
 from nactuator.platforms import load_platform
@@ -99,9 +99,8 @@ def infer(ckpt: str | os.PathLike, data, split: str | None = None,
     if not episodes:
         where = ", ".join(str(p) for p in split_paths(data))
         raise EvalDataError(f"{where}: no episodes in split {split!r}")
-    # Temperature as in training, but through a trailing median: nothing from the future.
-    window = temperature_window(meta)
-    episodes = [filter_temperature(ep, window, causal=True) for ep in episodes]
+    # The inputs as in training and live: the checkpoint's causal input filters.
+    episodes = [filter_episode(ep, meta["input_filters"]) for ep in episodes]
     t1 = time.perf_counter()
     preds = predict_episodes(actuator, episodes)
     model_s = time.perf_counter() - t1
