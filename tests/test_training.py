@@ -389,10 +389,15 @@ def test_checkpoint_bundle_and_resume(so101_data, tmp_path):
     assert bundle["platform"] == "so101"
     assert bundle["training_config"]["lr"] == pytest.approx(3e-3)
     assert bundle["training_config"]["loss"]["w_pos"] == 100.0
+    # The input filters the DataModule applied travel with the model.
+    assert bundle["input_filters"] == dm.input_filters
+    assert bundle["input_filters"]["missing"] == "hold_last_valid"
+    assert bundle["input_filters"]["median"] == {"temperature": 11}
 
     # Eval needs nothing but the file: EMA weights by default.
     actuator, meta = load_actuator(ckpt)
     assert meta["weights"] == "ema" and meta["platform"] == "so101"
+    assert meta["input_filters"] == dm.input_filters
     for k, v in module.ema.shadow.items():
         torch.testing.assert_close(actuator.state_dict()[k], v)
 

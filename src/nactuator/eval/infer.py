@@ -42,7 +42,8 @@ BATCH_SIZE = 4096  # windows per forward pass; ~1-2 MB of input, fast on any CPU
 
 def predict_episodes(actuator, episodes: Sequence[Episode],
                      batch_size: int = BATCH_SIZE) -> list[dict[str, np.ndarray]]:
-    """Per episode: ``force`` (T, 3), ``gate`` (T,), ``condition`` (T, n) for every frame.
+    """Per episode: ``tau`` (T, n), ``force`` (T, 3), ``gate`` (T,), ``condition`` (T, n)
+    for every frame.
 
     Runs in eval mode (no dropout) without autograd; the actuator's mode is restored.
     """
@@ -63,10 +64,11 @@ def _predict(actuator, episodes: Sequence[Episode],
     stacked = {k: torch.cat([w[k] for w in per_ep]) for k in [*keys, "pad"]}
     total = stacked[keys[0]].shape[0]
     device = next(actuator.parameters()).device
-    outs = {"force": [], "gate": [], "condition": []}
+    outs = {"tau": [], "force": [], "gate": [], "condition": []}
     for start in range(0, total, batch_size):
         window = {k: v[start:start + batch_size].to(device) for k, v in stacked.items()}
         out = actuator(window)
+        outs["tau"].append(out["tau"].float().cpu())
         outs["force"].append(out["force"].float().cpu())
         outs["gate"].append(out["gate"].reshape(-1).float().cpu())
         outs["condition"].append(out["condition"].float().cpu())
