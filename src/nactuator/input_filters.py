@@ -146,12 +146,12 @@ def _trailing_median(x: np.ndarray, recent: np.ndarray) -> np.ndarray:
     """Per frame of ``x`` (T, n): the median of the finite values among that frame and the
     ``len(recent)`` before it (``recent`` holds those before frame 0)."""
     ext = np.concatenate([recent, x])
-    window = len(recent) + 1
-    view = np.lib.stride_tricks.sliding_window_view(ext, window, axis=0)  # (T, n, W)
-    ordered = np.sort(view, axis=-1)  # NaN sorts last
-    count = np.isfinite(view).sum(axis=-1)
+    rows = np.arange(len(x))[:, None] + np.arange(len(recent) + 1)
+    windows = ext[rows]  # (T, W, n)
+    ordered = np.sort(windows, axis=1)  # NaN sorts last
+    count = np.isfinite(windows).sum(axis=1)
     pick = np.maximum(count - 1, 0) // 2  # lower middle; 0 (a NaN) when nothing is finite
-    out = np.take_along_axis(ordered, pick[..., None], axis=-1)[..., 0]
+    out = np.take_along_axis(ordered, pick[:, None], axis=1)[:, 0]
     return np.where(count > 0, out, np.float32(np.nan))
 
 
