@@ -353,6 +353,7 @@ def test_validation_scores_whole_episodes_like_eval(so101_data, tmp_path):
     """`val/joint_mae_deg` is the eval protocol's arm mean over the whole episode."""
     from nactuator.data import read_dataset
     from nactuator.eval import metrics as M
+    from nactuator.eval.episodes import filter_episode
     from nactuator.eval.protocol import rollout as eval_rollout
     from nactuator.eval.protocol import score_episode
 
@@ -363,6 +364,7 @@ def test_validation_scores_whole_episodes_like_eval(so101_data, tmp_path):
     with torch.no_grad():
         metrics = module.rollout_metrics(module(batch), batch)
     (episode,) = [e for e in read_dataset(so101_data).episodes if e.split == "validation"]
+    episode = filter_episode(episode, dm.input_filters)  # the inputs `eval` gives the model
     scales, _ = M.channel_scales(["revolute"] * 6)
     (ro,) = eval_rollout(module.actuator, module.simulator, [episode])
     scores = score_episode(episode, ro, scales)
