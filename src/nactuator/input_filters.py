@@ -162,8 +162,9 @@ def filter_inputs(frames: Mapping[str, Any], spec: Mapping[str, Any],
     of an episode). Returns a new dict (the spec's channels as float32, every other key as
     given) and the state after the last frame; ``frames`` is not modified."""
     state = FilterState() if state is None else state
-    keys = [k for k in spec["telemetry"] if k in frames]
-    keys += [k for k in spec["median"] if k in frames and k not in keys]
+    filled = [k for k in spec["telemetry"] if k in frames]
+    medianed = [k for k in spec["median"] if k in frames and spec["median"][k] > 1]
+    keys = filled + [k for k in medianed if k not in filled]
     out = dict(frames)
     length = len(frames[keys[0]]) if keys else 0
     if length == 0:
@@ -172,18 +173,24 @@ def filter_inputs(frames: Mapping[str, Any], spec: Mapping[str, Any],
     valid = frames.get("telemetry_valid")
     valid = (np.ones((length, n), bool) if valid is None
              else np.asarray(valid).reshape(length, n) > 0.5)
+    x = {k: np.asarray(frames[k], dtype=np.float32).reshape(length, n) for k in keys}
     next_state = FilterState()
-    for key in keys:
-        x = np.asarray(frames[key], dtype=np.float32).reshape(length, n)
-        if key in spec["telemetry"]:
-            x = _fill(x, valid & np.isfinite(x), state.held.get(key), spec["missing"])
-            next_state.held[key] = x[-1].copy()
-        window = spec["median"].get(key, 1)
-        if window > 1:
-            recent = state.recent.get(key)
-            if recent is None:
-                recent = np.full((window - 1, n), np.nan, np.float32)
-            next_state.recent[key] = np.concatenate([recent, x])[-(window - 1):].copy()
-            x = _trailing_median(x, recent)
-        out[key] = np.ascontiguousarray(x, dtype=np.float32)
+    if filled:  # the channels side by side, (T, K n): one vectorised fill for all of them
+        block = np.concatenate([x[k] for k in filled], axis=1)
+        ok = np.tile(valid, (1, len(filled))) & np.isfinite(block)
+        none = np.full(n, np.nan, np.float32)
+        held = None if not state.held else np.concatenate(
+            [state.held[k] if k in state.held else none for k in filled])
+        block = _fill(block, ok, held, spec["missing"])
+        for i, key in enumerate(filled):
+            x[key] = block[:, i * n : (i + 1) * n]
+            next_state.held[key] = x[key][-1].copy()
+    for key in medianed:
+        window = spec["median"][key]
+        recent = state.recent.get(key)
+        if recent is None:
+            recent = np.full((window - 1, n), np.nan, np.float32)
+        next_state.recent[key] = np.concatenate([recent, x[key]])[-(window - 1):].copy()
+        x[key] = _trailing_median(x[key], recent)
+    out.update({k: np.ascontiguousarray(v) for k, v in x.items()})
     return out, next_state
