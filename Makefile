@@ -10,7 +10,7 @@ PLATFORM ?= so101
 DATA ?=
 ARGS ?=
 
-.PHONY: setup test test-all docs-check lint train bench clean
+.PHONY: setup test test-all docs-check lint train bench notebook clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ lint:
 
 train:
 	$(PY) -m nactuator.cli train --platform $(PLATFORM) $(if $(DATA),--data $(DATA)) $(ARGS)
+
+# The quickstart notebook, executed headless (~10 min): runs/quickstart/quickstart.ipynb keeps
+# every output and plot (the committed notebook has none).
+notebook:
+	mkdir -p runs/quickstart
+	$(PY) -c "import nbformat, nbclient; nb = nbformat.read('notebooks/quickstart.ipynb', as_version=4); nbclient.NotebookClient(nb, timeout=3600, kernel_name='python3', resources={'metadata': {'path': 'notebooks'}}).execute(); nbformat.write(nb, 'runs/quickstart/quickstart.ipynb'); print('wrote runs/quickstart/quickstart.ipynb')"
 
 bench:
 	$(PY) bench/sim.py && $(PY) bench/data.py && $(PY) bench/infer.py

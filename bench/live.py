@@ -6,7 +6,11 @@ our GIL) and the live loop runs here with an untrained paper-size Transformer bu
 Per cycle: telemetry read + inference + command write. Baseline, same run: the bare vendor
 SDK group read of the same telemetry block (what the read costs without our layer).
 
-    WARP_CACHE_PATH=.cache/warp .venv/bin/python bench/live.py [--seconds 5]
+    WARP_CACHE_PATH=.cache/warp .venv/bin/python bench/live.py [--seconds 5] [--rrd]
+
+``--rrd``: each case runs twice more, without and with a Rerun recording to a file (what
+``nactuator live --rrd FILE`` does), and a second table gives the rate, cycle time, jitter
+and the per-frame cost of ``Viewer.log_frame`` (docs/benchmarks.md, "Live loop in Rerun").
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ from nactuator.hardware.bus import open_bus
 from nactuator.input_filters import input_filter_spec
 from nactuator.models import NeuralActuator
 from nactuator.platforms import load_platform
+from nactuator.viewer import Viewer
 
 STATS_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
+FILTERS = input_filter_spec()  # what a default training run saves in the bundle
 
 
 def wire_ms(bus: str, n: int) -> float:
@@ -96,10 +102,50 @@ def model_only_ms(actuator, n: int, cycles: int) -> np.ndarray:
     return np.array(times) * 1e3
 
 
+class TimedViewer(Viewer):
+    """A Viewer that keeps how long each log_frame took (ms)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.log_ms: list[float] = []
+
+    def log_frame(self, t: float, **signals) -> None:
+        t0 = time.perf_counter()
+        super().log_frame(t, **signals)
+        self.log_ms.append(1e3 * (time.perf_counter() - t0))
+
+
+def bench_rrd(platform: str, timing: bool, seconds: float, actuator) -> list[dict]:
+    """The same loop without and with a Rerun recording (.rrd file), one emulator."""
+    p = load_platform(platform)
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        link = Path(tmp) / "port"
+        proc = start_emulator(p.hardware["bus"], platform, link, timing, seconds * 3 + 30)
+        try:
+            with open_bus(p, str(link)) as b:
+                b.wait_ready()
+                for viewer in (None, TimedViewer("bench", p.channel_names,
+                                                 rrd=Path(tmp) / "live.rrd")):
+                    loop = LiveLoop(actuator, b, p, b.read_goal(), viewer=viewer,
+                                    input_filters=FILTERS)
+                    s = summarize_timings(loop.run(seconds, sink=None), p.fps)
+                    s["lost_slots"] = loop.lost_slots
+                    if viewer is not None:
+                        viewer.close()
+                        s["log_p50_ms"] = float(np.percentile(viewer.log_ms, 50))
+                        s["log_p99_ms"] = float(np.percentile(viewer.log_ms, 99))
+                        s["rrd_kb_per_s"] = (Path(tmp) / "live.rrd").stat().st_size / 1e3 / seconds
+                    out.append(s)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    return out
+
+
 def bench(platform: str, timing: bool, seconds: float, actuator) -> dict:
     p = load_platform(platform)
     bus = p.hardware["bus"]
-    filters = input_filter_spec()  # what a default training run saves in the bundle
     with tempfile.TemporaryDirectory() as tmp:
         link = Path(tmp) / "port"
         proc = start_emulator(bus, platform, link, timing, seconds * 2 + 30)
@@ -107,7 +153,7 @@ def bench(platform: str, timing: bool, seconds: float, actuator) -> dict:
             with open_bus(p, str(link)) as b:
                 b.wait_ready()
                 base = baseline_read_ms(b, int(seconds * p.fps / 2))
-                loop = LiveLoop(actuator, b, p, b.read_goal(), filters)
+                loop = LiveLoop(actuator, b, p, b.read_goal(), input_filters=FILTERS)
                 rows = loop.run(seconds, sink=None)
         finally:
             proc.terminate()
@@ -126,6 +172,8 @@ def bench(platform: str, timing: bool, seconds: float, actuator) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rrd", action="store_true",
+                    help="also measure the loop with a Rerun recording (nactuator live --rrd)")
     args = ap.parse_args()
     os.environ.setdefault("WARP_CACHE_PATH", str(Path(__file__).parents[1] / ".cache/warp"))
     torch.set_num_threads(1)
@@ -137,11 +185,13 @@ def main() -> None:
               "wire ms | own overhead p50 ms | jitter p50/p99 ms |")
     print(header)
     print("|" + "---|" * 13)
+    actuators = {}
     for platform in ("omx", "so101"):
         p = load_platform(platform)
         stats = {k: {"mean": [0.0] * p.n, "std": [1.0] * p.n} for k in STATS_KEYS}
         actuator = NeuralActuator(n_motors=p.n, norm_stats=stats,
                                   model_config={"arch": "transformer"}).eval()
+        actuators[platform] = actuator
         for timing in (False, True):
             s = bench(platform, timing, args.seconds, actuator)
             print(f"| {platform} | {p.n} | {'1 Mbps' if timing else 'off'} | "
@@ -152,6 +202,23 @@ def main() -> None:
                   f"{s['total_p50_ms']:.2f}/{s['total_p99_ms']:.2f} | {s['wire_ms']:.2f} | "
                   f"{s['own_p50_ms']:.2f} | {s['jitter_p50_ms']:.2f}/{s['jitter_p99_ms']:.2f} |",
                   flush=True)
+    if not args.rrd:
+        return
+    print("\n| platform | bus timing | rerun | rate Hz | lost slots | total p50/p99 ms | "
+          "jitter p50/p99 ms | log_frame p50/p99 ms | .rrd kB/s |")
+    print("|" + "---|" * 9)
+    for platform, actuator in actuators.items():
+        for timing in (False, True):
+            for s, rrd in zip(bench_rrd(platform, timing, args.seconds, actuator),
+                              ("off", "--rrd"), strict=True):
+                log = (f"{s['log_p50_ms']:.3f}/{s['log_p99_ms']:.3f}" if rrd != "off"
+                       else "-")
+                size = f"{s['rrd_kb_per_s']:.0f}" if rrd != "off" else "-"
+                print(f"| {platform} | {'1 Mbps' if timing else 'off'} | {rrd} | "
+                      f"{s['rate_hz']:.1f} | {s['lost_slots']} | "
+                      f"{s['total_p50_ms']:.2f}/{s['total_p99_ms']:.2f} | "
+                      f"{s['jitter_p50_ms']:.2f}/{s['jitter_p99_ms']:.2f} | {log} | {size} |",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from nactuator.data import Episode
+from nactuator.data.references import LinearForceReference, command_following
 from nactuator.eval import metrics as M
 from nactuator.eval.protocol import score_episode
-from nactuator.eval.references import LinearForceReference, command_following
 from nactuator.eval.report import markdown_report
 from nactuator.rollout import Rollout
 
@@ -154,7 +154,7 @@ def test_linear_reference_recovers_a_planted_linear_force_exactly():
 
     def planted(seed: int) -> Episode:
         ep = make_episode(200, seed=seed)
-        from nactuator.eval.references import force_features
+        from nactuator.data.references import force_features
         ep.frames["force"] = force_features(ep) @ weight + bias
         return ep
 
@@ -167,9 +167,9 @@ def test_linear_reference_recovers_a_planted_linear_force_exactly():
 
 
 def test_linear_reference_needs_training_episodes():
-    from nactuator.eval.episodes import EvalDataError
+    from nactuator.data import DataFormatError
 
-    with pytest.raises(EvalDataError, match="train split is empty"):
+    with pytest.raises(DataFormatError, match="train split is empty"):
         LinearForceReference.fit([])
 
 

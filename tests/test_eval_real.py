@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from nactuator.data.importers import import_nad
+from nactuator.data.references import LinearForceReference, command_following
 from nactuator.eval import metrics as M
 from nactuator.eval.episodes import force_labels, is_no_contact, load_episodes
-from nactuator.eval.references import LinearForceReference, command_following
 from nactuator.platforms import load_platform
 
 

@@ -1,11 +1,12 @@
-"""Torque ends disabled on every exit path of ``record`` and ``live`` (issue 8, item 2).
+"""Torque ends disabled on every exit path of ``record`` and ``live`` (issue 8, item 2), and
+the OMX's bus watchdog cleared; a SIGKILL leaves the OMX arm stopped by it (issue 18, 6).
 
 Each repetition runs the real ``record``/``run_live`` in its own process against emulated
 arms whose follower corrupts and drops replies, sends it SIGINT (or SIGTERM) at a seeded
 random moment, waits for it to exit, and then reads every servo's Torque_Enable register
-with the bare vendor SDK (dynamixel_sdk / scservo_sdk). The moment can fall anywhere:
-between an SDK request and its reply (which leaves the SDK's port flagged busy), in the
-connect, the ramp, the episode, or while saving.
+(and on the XM430s Bus_Watchdog) with the bare vendor SDK (dynamixel_sdk / scservo_sdk).
+The moment can fall anywhere: between an SDK request and its reply (which leaves the SDK's
+port flagged busy), in the connect, the ramp, the episode, or while saving.
 
 Processes are forked from one server that imported LeRobot and torch once, so a repetition
 costs its recording time, not a 3 s import.
@@ -23,15 +24,20 @@ import time
 from pathlib import Path
 
 import dynamixel_sdk as dxl
+import numpy as np
 import pytest
 import scservo_sdk as scs_sdk
 
+from nactuator.hardware.bus import min_reply_timeout
 from nactuator.hardware.control_table import SPEC_BY_BUS
 from nactuator.hardware.emulator import Emulator, Faults
+from nactuator.hardware.protocol import dxl2
 from nactuator.platforms import load_platform
 
 BUSES = [("dynamixel", "omx"), ("feetech", "so101")]
 TORQUE_ADDR = {bus: spec.registers["Torque_Enable"].address for bus, spec in SPEC_BY_BUS.items()}
+WATCHDOG_ADDR = SPEC_BY_BUS["dynamixel"].registers["Bus_Watchdog"].address
+GOAL_ADDR = SPEC_BY_BUS["dynamixel"].registers["Goal_Position"].address
 
 # The server forks one child per job line; each child runs record/run_live and writes its
 # outcome to a JSON file. SIGCHLD is ignored so the children never linger as zombies.
@@ -136,9 +142,11 @@ def _sdk(bus: str, path: str):
     return port, ph
 
 
-def read_torque(bus: str, path: str, ids: list[int]) -> dict[int, int | None]:
-    """Torque_Enable of each servo, read with the bare SDK (a patient 5 s reply timeout:
-    this checks the servos, not the machine's load)."""
+def read_torque(bus: str, path: str, ids: list[int],
+                address: int | None = None) -> dict[int, int | None]:
+    """Torque_Enable (or the 1-byte register at ``address``) of each servo, read with the
+    bare SDK (a patient 5 s reply timeout: this checks the servos, not the machine's load)."""
+    address = TORQUE_ADDR[bus] if address is None else address
     port, ph = _sdk(bus, path)
     ok = dxl.COMM_SUCCESS if bus == "dynamixel" else scs_sdk.COMM_SUCCESS
     out: dict[int, int | None] = {}
@@ -147,7 +155,7 @@ def read_torque(bus: str, path: str, ids: list[int]) -> dict[int, int | None]:
             out[sid] = None
             for _ in range(5):
                 port.ser.reset_input_buffer()
-                if ph.readTx(port, sid, TORQUE_ADDR[bus], 1) != ok:
+                if ph.readTx(port, sid, address, 1) != ok:
                     port.is_using = False
                     continue
                 port.setPacketTimeoutMillis(5000)
@@ -219,8 +227,11 @@ def run_once(server: ForkServer, tmp: Path, bus: str, platform: str, command: st
         _wait(lambda: _gone(pid), 240, f"{tag} to exit")  # generous: a loaded machine
         faults.corrupt_rate = faults.drop_rate = 0.0  # measure the servos, not the faults
         torque = read_torque(bus, follower.port, follower.ids)
+        watchdog = read_torque(bus, follower.port, follower.ids, WATCHDOG_ADDR) \
+            if bus == "dynamixel" else {}
     outcome = json.loads(result.read_text())["outcome"] if result.exists() else "killed"
-    return {"torque": torque, "torque_was_on": torque_was_on, "outcome": outcome,
+    return {"torque": torque, "watchdog": watchdog, "torque_was_on": torque_was_on,
+            "outcome": outcome,
             "log": log.read_text() if log.exists() else "", "tag": tag, "delay": delay,
             "signalled": signalled}
 
@@ -231,6 +242,10 @@ def _check(runs: list[dict]) -> None:
         assert not on, (f"{r['tag']}: signal after {r['delay']:.2f} s left torque on (or "
                          f"unreadable) on servo(s) {on} ({r['outcome']}); its log:\n{r['log']}")
         assert r["outcome"] != "killed", f"{r['tag']} was killed by the signal:\n{r['log']}"
+        # The XM430 bus watchdog is cleared on every exit, so the next session's goals count.
+        armed = [sid for sid, v in r["watchdog"].items() if v != 0]
+        assert not armed, (f"{r['tag']}: bus watchdog left armed or expired on {armed}: "
+                           f"{r['watchdog']}; its log:\n{r['log']}")
         # Every servo answered, so nothing may claim that torque could not be switched off.
         assert "torque may still be ON" not in r["log"], r["log"]
 
@@ -277,3 +292,61 @@ def test_sigterm_is_handled_like_ctrl_c(server, ckpts, tmp_path, bus, platform,
     if command == "record":  # the interrupted episode was saved, as with Ctrl-C
         assert run["outcome"] in ("returned", "KeyboardInterrupt")
         assert "stopped by SIGTERM" in run["log"] or run["outcome"] == "KeyboardInterrupt"
+
+
+@pytest.mark.parametrize("command", ["record", "live"])
+def test_sigkill_leaves_the_omx_arm_stopped_by_its_bus_watchdog(server, ckpts, tmp_path,
+                                                                command) -> None:
+    """SIGKILL switches nothing off. On the OMX the XM430 Bus Watchdog, armed at the first
+    goal write, stops the arm once the host falls silent: read with the bare SDK, every
+    servo's register 98 reads 0xFF, torque is still on (the watchdog stops, it does not
+    release), goal writes are refused with a Data Range Error and the arm is driven nowhere.
+    Writing 0 clears it (what the next session does), and goals move the arm again."""
+    p = load_platform("omx")
+    units = round(p.hardware["bus_watchdog_ms"] / 20)
+    with Emulator("dynamixel", p, seed=3, leader=True) as leader, \
+            Emulator("dynamixel", p, seed=4, arm="reference") as follower:
+        if command == "live":
+            switch_torque_on("dynamixel", follower.port, follower.ids)  # a holding arm
+        tag = f"sigkill-{command}"
+        log = tmp_path / f"{tag}.log"
+        pid = server.start(command=command, platform="omx", leader=leader.port,
+                           follower=follower.port, out=str(tmp_path / tag), ckpt=ckpts["omx"],
+                           result=str(tmp_path / f"{tag}.json"), log=str(log))
+
+        def watchdogs() -> list[int]:
+            return [t.get("Bus_Watchdog") for t in follower.tables.values()]
+
+        _wait(lambda: watchdogs() == [units] * p.n or _gone(pid), 120, f"{tag} to arm it")
+        assert not _gone(pid), log.read_text()
+        cycles = follower.stats["group_reads"]
+        _wait(lambda: follower.stats["group_reads"] >= cycles + 10 or _gone(pid), 120,
+              f"{tag} to drive the follower")
+        assert not _gone(pid), log.read_text()
+        os.kill(pid, signal.SIGKILL)
+        _wait(lambda: _gone(pid), 60, f"{tag} to die")
+        _wait(lambda: watchdogs() == [-1] * p.n, 60, "the bus watchdogs to expire")
+        assert follower.stats["watchdog_expiries"] >= p.n
+        # The firmware's stop in position mode: the goal becomes where the servo is.
+        stopped = {sid: t.get("Goal_Position") for sid, t in follower.tables.items()}
+        assert stopped == {sid: t.get("Present_Position") for sid, t in follower.tables.items()}
+        held = follower.arm.goal.copy()
+
+        port, ph = _sdk("dynamixel", follower.port)
+        min_reply_timeout(port, 5000.0)  # patient: this checks the servos, not the load
+        try:
+            for sid in follower.ids:
+                assert ph.read1ByteTxRx(port, sid, WATCHDOG_ADDR)[:2] == (0xFF, dxl.COMM_SUCCESS)
+                assert ph.read1ByteTxRx(port, sid, TORQUE_ADDR["dynamixel"])[0] == 1
+                comm, err = ph.write4ByteTxRx(port, sid, GOAL_ADDR, stopped[sid] + 200)
+                assert (comm, err & 0x7F) == (dxl.COMM_SUCCESS, dxl2.ERR_DATA_RANGE), sid
+                assert ph.read4ByteTxRx(port, sid, GOAL_ADDR)[0] == stopped[sid]
+            assert np.array_equal(follower.arm.goal, held)  # the arm is not driven anywhere
+
+            sid = follower.ids[0]
+            assert ph.write1ByteTxRx(port, sid, WATCHDOG_ADDR, 0) == (dxl.COMM_SUCCESS, 0)
+            target = stopped[sid] + 200
+            assert ph.write4ByteTxRx(port, sid, GOAL_ADDR, target) == (dxl.COMM_SUCCESS, 0)
+            _wait(lambda: follower.arm.q[0] > held[0] + 0.2, 60, "the cleared servo to track")
+        finally:
+            port.closePort()

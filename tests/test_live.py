@@ -165,7 +165,7 @@ def test_the_live_loop_gives_what_infer_gives_on_the_telemetry_it_read(tmp_path)
     with Emulator("dynamixel", "omx", seed=3) as follower, open_bus(omx, follower.port) as bus:
         bus.wait_ready()
         tap = Tap(bus)
-        loop = LiveLoop(actuator, tap, omx, bus.read_goal(), meta["input_filters"])
+        loop = LiveLoop(actuator, tap, omx, bus.read_goal(), input_filters=meta["input_filters"])
         follower.after_reads(15, lambda: follower.set_dead(13))
         rows = loop.run(1.0, sink=None)
     read = tap.frames

@@ -39,7 +39,8 @@ def test_quickstart_runs_headless(tmp_path, monkeypatch):
                             resources={"metadata": {"path": str(work / "notebooks")}}).execute()
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                       for o in c.get("outputs", []))
-    assert "best checkpoint:" in outputs and "whole-episode arm error" in outputs
+    assert "best checkpoint:" in outputs and "whole-episode arm error and force:" in outputs
+    assert "command following:" in outputs  # the verdict against the trivial reference
     assert (work / "runs" / "quickstart" / "eval" / "metrics.json").is_file()
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]

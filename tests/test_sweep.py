@@ -33,7 +33,7 @@ def write_yaml(path: Path, spec: dict) -> Path:
 def test_architecture_sweep_is_a_runnable_wandb_grid():
     spec = load_sweep(ARCH_SWEEP)
     assert spec["method"] == "grid"
-    assert spec["metric"] == {"name": "val/joint_mae_deg", "goal": "minimize"}
+    assert spec["metric"] == {"name": "val/score", "goal": "minimize"}
     assert spec["parameters"]["model.arch"]["values"] == ["transformer", "mlp", "gru", "lstm"]
     runs = configurations(spec)
     assert len(runs) == 4 * len(spec["parameters"]["model.width"]["values"])

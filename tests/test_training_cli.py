@@ -68,7 +68,7 @@ def test_fit_validate_test_through_lightning_cli(data, tmp_path):
     assert cli.trainer.global_step == 2
     metrics = cli.trainer.callback_metrics
     assert torch.isfinite(metrics["val/loss"]) and "val/joint_mae_deg" in metrics
-    # base.yaml rewrites last.ckpt after every epoch (resumable), besides the best by val/loss
+    # base.yaml rewrites last.ckpt after every epoch (resumable), besides the best by val/score
     (last,) = tmp_path.rglob("last.ckpt")
     assert any(p.name.startswith("best-") for p in last.parent.iterdir())
     assert torch.load(last, weights_only=True)["nactuator"]["platform"] == "so101"

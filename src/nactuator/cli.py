@@ -50,6 +50,14 @@ def _data_info(a: argparse.Namespace) -> int:
     return 0
 
 
+def _data_show(a: argparse.Namespace) -> int:
+    from nactuator.data import read_dataset
+    from nactuator.viewer import show_episode
+
+    print(show_episode(read_dataset(a.dataset), a.episode, rrd=a.rrd, display=a.display))
+    return 0
+
+
 def _lightning(a: argparse.Namespace, rest: list[str]) -> int:
     from nactuator.training.cli import lightning_main
 
@@ -151,7 +159,8 @@ def _record(a: argparse.Namespace) -> int:
     print(record(platform=a.platform, leader=a.leader, follower=a.follower, task=a.task,
                  episodes=a.episodes, seconds=a.seconds, out=a.out, payload_g=a.payload_g,
                  split=a.split, leader_calibration=a.leader_calibration,
-                 follower_calibration=a.follower_calibration, **quality))
+                 follower_calibration=a.follower_calibration, rrd=a.rrd,
+                 display=a.display, **quality))
     return 0
 
 
@@ -160,7 +169,7 @@ def _live(a: argparse.Namespace) -> int:
 
     print(run_live(ckpt=a.ckpt, platform=a.platform, port=a.port, out=a.out,
                    seconds=a.seconds, device=a.device, calibration=a.calibration,
-                   quiet=a.quiet))
+                   quiet=a.quiet, rrd=a.rrd, display=a.display))
     return 0
 
 
@@ -185,6 +194,14 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _add_viewer_flags(s: argparse.ArgumentParser, what: str) -> None:
+    s.add_argument("--rrd", default=None, metavar="FILE",
+                   help=f"save {what} as a Rerun recording (.rrd; open it with `rerun FILE`)")
+    s.add_argument("--display", action="store_true",
+                   help=f"stream {what} to the Rerun viewer (spawned; needs a graphical "
+                        "display)")
+
+
 PLATFORM_HELP = "platform name: so101, omx, franka or pendulum (conf/platform/<name>.yaml)"
 DEVICE_HELP = "cpu (default) or cuda[:i]"
 CKPT_HELP = "a checkpoint from `nactuator train`/`fit` (.ckpt) or a saved actuator bundle"
@@ -206,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the figures as JSON")
     s.set_defaults(func=_sim_check)
 
-    d = sub.add_parser("data", help="NAD shards: import, synthesize, describe")
+    d = sub.add_parser("data", help="NAD shards: import, synthesize, describe, show")
     dsub = d.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     s = dsub.add_parser("import-nad", help="import NAD CSV files (OMX, SO-101, Franka)")
     s.add_argument("src", help="a NAD CSV file or a folder of them (e.g. ../shared/data/nad/so101)")
@@ -239,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = dsub.add_parser("info", help="describe a dataset")
     s.add_argument("path", help="dataset folder")
     s.set_defaults(func=_data_info)
+    s = dsub.add_parser("show", help="show one episode in Rerun (joints, commands, telemetry, "
+                        "force and condition labels)")
+    s.add_argument("dataset", help="dataset folder")
+    s.add_argument("--episode", type=int, required=True, help="episode_index to show")
+    _add_viewer_flags(s, "the episode")
+    s.set_defaults(func=_data_show)
 
     for name, what in (("fit", "train"), ("validate", "validate"), ("test", "test")):
         s = sub.add_parser(name, help=f"LightningCLI {what} (--config conf/base.yaml ...)",
@@ -422,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--min-valid-fraction", type=_fraction, default=None,
                    help="stop with an error (after saving it) when an episode has complete "
                         "follower telemetry in fewer of its frames (default 0.9)")
+    _add_viewer_flags(s, "leader and follower joints, commands and telemetry")
     s.set_defaults(func=_record)
 
     s = sub.add_parser("live", help="live virtual force sensor on a servo bus")
@@ -436,6 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--quiet", action="store_true",
                    help="no running status line on stderr (rate, force, dropped cycles)")
+    _add_viewer_flags(s, "joints, commands, force, contact gate and condition")
     s.set_defaults(func=_live)
     return p
 

@@ -36,6 +36,7 @@ from nactuator.hardware.timing import FixedRate
 from nactuator.models import load_actuator
 from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import StreamingWindow
+from nactuator.viewer import Viewer, open_viewer
 
 __all__ = ["LiveLoop", "StatusLine", "run_live", "summarize_timings"]
 
@@ -48,10 +49,13 @@ class LiveLoop:
     """One bus + one actuator; :meth:`cycle` does read -> infer -> write once."""
 
     def __init__(self, actuator: torch.nn.Module, bus: TelemetryBus, platform: Platform,
-                 q_hold: np.ndarray, input_filters: dict, device: str = "cpu") -> None:
+                 q_hold: np.ndarray, device: str = "cpu", viewer: Viewer | None = None,
+                 input_filters: dict | None = None) -> None:
         self.actuator, self.bus, self.platform = actuator, bus, platform
+        self.viewer = viewer  # Rerun (--rrd / --display): one log_frame per cycle
         self.q_cmd = np.asarray(q_hold, dtype=float)
-        # input_filters: the checkpoint's (load_actuator's meta["input_filters"]).
+        # input_filters: the checkpoint's (load_actuator's meta["input_filters"]); None feeds
+        # the raw frames (NaN as 0), for benches of untrained models only.
         self.window = StreamingWindow(actuator.inputs, actuator.window_length, platform.n,
                                       device, filters=input_filters)
         self.t0: float | None = None  # time of the first frame; rows carry t - t0
@@ -85,6 +89,12 @@ class LiveLoop:
                    read_ms=1e3 * (t1 - t0), infer_ms=1e3 * (t2 - t1),
                    write_ms=1e3 * (t3 - t2), total_ms=1e3 * (t3 - t0),
                    late_ms=1e3 * (t0 - scheduled))
+        if self.viewer is not None:  # after the write: the command is not delayed
+            self.viewer.log_frame(row["t"], q=frame.q, qd=frame.qd, q_cmd=self.q_cmd,
+                                  effort=frame.effort, force=force,
+                                  force_lo=_first(out, "force_lo"),
+                                  force_hi=_first(out, "force_hi"), gate=gate,
+                                  condition=condition)
         return row
 
     def run(self, seconds: float | None, sink: csv.DictWriter | None,
@@ -155,6 +165,11 @@ class StatusLine:
             self.stream.flush()
 
 
+def _first(out: dict[str, torch.Tensor], key: str) -> np.ndarray | None:
+    """Batch row 0 of an optional model output (None when the model has no such head)."""
+    return out[key][0].cpu().numpy() if key in out else None
+
+
 def _fmt(v: float) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
@@ -180,13 +195,16 @@ def summarize_timings(rows: list[dict[str, float]], fps: float) -> dict[str, flo
 def run_live(ckpt: str | Path, platform: str | Platform, port: str,
              out: str | Path | None = None, seconds: float | None = None,
              device: str = "cpu", calibration: str | Path | None = None,
-             threads: int | None = 1, quiet: bool = False) -> str:
+             threads: int | None = 1, quiet: bool = False, rrd: str | Path | None = None,
+             display: bool = False) -> str:
     """Stream force/gate/condition from the arm on ``port`` with the actuator in ``ckpt``.
 
     Rows go to ``out`` (CSV, written as ``out.partial`` and renamed when the loop ends) or
     to stdout. ``threads``: torch intra-op threads (1 keeps the per-cycle latency low and
     steady; None leaves torch's setting). Unless ``quiet``, a one-line running status goes
-    to stderr (:class:`StatusLine`). Returns a one-paragraph timing summary.
+    to stderr (:class:`StatusLine`). ``rrd`` / ``display``: also stream each cycle to a
+    Rerun recording file / viewer (:mod:`nactuator.viewer`). Returns a one-paragraph timing
+    summary.
     """
     p = platform if isinstance(platform, Platform) else load_platform(platform)
     if seconds is not None and not seconds > 0:
@@ -202,11 +220,13 @@ def run_live(ckpt: str | Path, platform: str | Platform, port: str,
                          "bench-bam or plan")
     if threads is not None:
         torch.set_num_threads(threads)
+    viewer = open_viewer(f"live {p.name} {port}", p.channel_names, rrd, display)
     # SIGTERM ends the loop like Ctrl-C; leaving open_bus() switches torque off either way.
     with sigterm_as_interrupt(), open_bus(p, port, calibration) as bus:
         hold = bus.read_goal()
         bus.wait_ready()
-        loop = LiveLoop(actuator, bus, p, hold, meta["input_filters"], device)
+        loop = LiveLoop(actuator, bus, p, hold, device, viewer,
+                        input_filters=meta["input_filters"])
         if out is None:
             sink_file: TextIO = sys.stdout
             partial = None
@@ -223,6 +243,8 @@ def run_live(ckpt: str | Path, platform: str | Platform, port: str,
             if partial is not None:
                 sink_file.close()
                 os.replace(partial, out)
+            if viewer is not None:
+                viewer.close()
     s = summarize_timings(rows, p.fps)
     if not rows:
         return "live: no cycles ran"

@@ -33,6 +33,7 @@ from nactuator.data.commands import COMMAND_KEYS, EXOGENOUS_KEYS, with_command_c
 from nactuator.data.curriculum import HorizonCurriculum
 from nactuator.data.folds import fold_splits
 from nactuator.data.reader import read_dataset
+from nactuator.data.references import LinearForceReference
 from nactuator.data.schema import SPLITS, DataFormatError
 from nactuator.data.stats import norm_stats
 from nactuator.input_filters import MISSING_RULES, filter_inputs, input_filter_spec
@@ -58,6 +59,9 @@ _CHANNELS = (
     ("initial_temperature", "n"),
     ("force", "3"),
     ("force_valid", "1"),
+    # The linear force reference's estimate (nactuator.data.references, fit on the train
+    # split): validation scores the model's force against it (val/score).
+    ("force_linear", "3"),
     ("condition", "n"),
     ("condition_valid", "n"),
     ("payload_mass", "1"),
@@ -205,6 +209,7 @@ class NADDataModule(L.LightningDataModule):
         self.input_filters = input_filter_spec(self.temperature_median, missing_telemetry)
         self.cv = None if cv_folds is None else (int(cv_folds), int(cv_fold))
         self.epoch = 0  # the epoch used when no Trainer is attached
+        self.force_reference: LinearForceReference | None = None  # set when loaded
         self._loaded = False
         self._warned: set[int] = set()
         self._segments: dict[int, np.ndarray] = {}
@@ -343,6 +348,8 @@ class NADDataModule(L.LightningDataModule):
                    "condition", "payload_mass", *COMMAND_KEYS, *EXOGENOUS_KEYS)}
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
 
+        force_linear = self._linear_force(episodes, parts, frames, starts, lengths)
+
         train_rows = np.concatenate(
             [np.arange(s, s + ln) for s, ln, e in zip(starts, lengths, episodes, strict=True)
              if e.split == "train"] or [np.zeros(0, np.int64)]
@@ -377,6 +384,7 @@ class NADDataModule(L.LightningDataModule):
             **{k: np.nan_to_num(frames[k], nan=0.0) for k in _MODEL_INPUTS},
             "force": np.where(force_valid, np.nan_to_num(force, nan=0.0), 0.0),
             "force_valid": force_valid.astype(np.float32),
+            "force_linear": force_linear,
             "condition": np.nan_to_num(cond, nan=0.0),
             "condition_valid": cond_valid.astype(np.float32),
             "payload_mass": np.nan_to_num(payload, nan=0.0),
@@ -399,6 +407,27 @@ class NADDataModule(L.LightningDataModule):
         self._row_episode = row_episode
         self._row_first = row_first
         self._loaded = True
+
+    def _linear_force(self, episodes: list[EpisodeInfo], parts: list[dict],
+                      frames: dict[str, np.ndarray], starts: np.ndarray,
+                      lengths: np.ndarray) -> np.ndarray:
+        """(frames, 3) the linear force reference's estimate of every frame, fit on the
+        train episodes' served inputs (0 where the dataset has no force labels to fit)."""
+        from nactuator.data.schema import Episode
+
+        served = []
+        for e, part, s, ln in zip(episodes, parts, starts, lengths, strict=True):
+            own = dict(part)
+            own["temperature"] = frames["temperature"][s : s + ln]
+            served.append(Episode(e.dataset_episode, e.task, e.split, e.length,
+                                  e.payload_mass, {}, own))
+        train = [ep for ep in served if ep.split == "train"]
+        labelled = any(np.isfinite(ep.frames["force"]).any() for ep in train)
+        self.force_reference = LinearForceReference.fit(train) if labelled else None
+        if self.force_reference is None:
+            return np.zeros((int(lengths.sum()), 3), np.float32)
+        return np.concatenate([self.force_reference.predict(ep) for ep in served]).astype(
+            np.float32)
 
     # -- segments and gathering ------------------------------------------------------
 
@@ -479,7 +508,7 @@ class NADDataModule(L.LightningDataModule):
         if not (self._split_of == split).any():
             counts = {s: int((self._split_of == s).sum()) for s in SPLITS}
             where = ", ".join(str(p) for p in self.paths)
-            hint = ("validation picks the best checkpoint (val/loss)" if split == "validation"
+            hint = ("validation picks the best checkpoint (val/score)" if split == "validation"
                     else "evaluate another split, e.g. `nactuator validate` or "
                          "`nactuator eval --split validation`")
             raise DataFormatError(

@@ -15,6 +15,7 @@ import numpy as np
 from nactuator.data import Episode, read_dataset
 from nactuator.data.commands import with_command_channels
 from nactuator.data.folds import fold_splits
+from nactuator.data.references import force_labels
 from nactuator.errors import UserError
 from nactuator.eval.metrics import CONTACT_THRESHOLD_N
 from nactuator.input_filters import filter_inputs
@@ -35,12 +36,6 @@ __all__ = [
 
 class EvalDataError(UserError, ValueError):
     """The data given to the evaluation cannot be evaluated; the message says why."""
-
-
-def force_labels(ep: Episode) -> np.ndarray:
-    """(T, 3) force labels, NaN where unlabelled (all NaN if the dataset has none)."""
-    f = ep.frames.get("force")
-    return np.full((ep.length, 3), np.nan) if f is None else np.asarray(f, np.float64)
 
 
 def condition_labels(ep: Episode, n: int) -> np.ndarray:

@@ -12,7 +12,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from nactuator.atomic import json_safe, write_json, write_text
+from nactuator.data.references import LinearForceReference, is_worse, verdict
 from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
     EvalDataError,
@@ -25,7 +28,6 @@ from nactuator.eval.episodes import (
 from nactuator.eval.infer import predict_episodes
 from nactuator.eval.plots import plot_force, plot_joints
 from nactuator.eval.protocol import rollout, score_episode
-from nactuator.eval.references import LinearForceReference
 from nactuator.eval.report import markdown_report
 from nactuator.models import load_actuator
 from nactuator.platforms import load_platform
@@ -36,6 +38,25 @@ LINEAR_RIDGE = 1e-6  # "tiny λ": only there to keep collinear telemetry solvabl
 MAX_PLOTTED_EPISODES = 12  # plots are for looking at, not for every episode of a big split
 
 
+
+
+def verdict_figures(mean: dict, arm: list[int]) -> dict[str, float]:
+    """The verdict's figures from an aggregate's ``mean`` block: arm-mean joint error of the
+    model and of command following (full trajectory, deg), force 3-axis MAE of the model
+    and of the linear regression (N), where they exist."""
+    figures: dict[str, float] = {}
+    joints = mean.get("joints", {})
+    model, command = (joints.get(k, {}).get("full") for k in ("model", "command_following"))
+    if arm and model is not None and command is not None:
+        picked = [(model[i], command[i]) for i in arm]
+        if all(m is not None and c is not None for m, c in picked):
+            figures["joints_deg"] = float(np.mean([m for m, _ in picked]))
+            figures["joints_command_deg"] = float(np.mean([c for _, c in picked]))
+    force = mean.get("force", {})
+    model, linear = (force.get(k, {}).get("full") for k in ("model", "linear_regression"))
+    if model and linear and model.get("mae") is not None and linear.get("mae") is not None:
+        figures["force_n"], figures["force_reference_n"] = model["mae"], linear["mae"]
+    return figures
 
 
 def _linear_reference(data, platform, filters: dict,
@@ -158,6 +179,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
         "contact": _group(per_episode, {e.task for e in episodes} - quiet_tasks),
         "no_contact": _group(per_episode, quiet_tasks),
     }
+    figures = verdict_figures(aggregate["all"]["mean"], platform.arm_indices)
     notes = []
     for h in horizons:
         short = [e for e in episodes if e.length - 1 < h]
@@ -199,6 +221,8 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
         "input_filters": filters,
         **({"baselines": baseline_result} if baseline_result is not None else {}),
         "notes": notes,
+        "verdict": {"line": verdict(figures, "linear regression"),
+                    "worse_than_a_reference": is_worse(figures), **figures},
         "aggregate": aggregate,
         "per_episode": per_episode,
         "plots": [p.name for p in plots],

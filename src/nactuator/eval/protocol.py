@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from nactuator.data import Episode
+from nactuator.data.references import LinearForceReference, command_following
 from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
     check_inputs,
@@ -26,7 +27,6 @@ from nactuator.eval.episodes import (
     force_labels,
     is_no_contact,
 )
-from nactuator.eval.references import LinearForceReference, command_following
 from nactuator.rollout import STATE_KEYS, Rollout, closed_loop_rollout, episode_block
 
 __all__ = ["FORCE_LABEL_OFFSET", "model_inputs", "rollout", "score_episode"]

@@ -100,6 +100,11 @@ def markdown_report(result: Mapping) -> str:
     arm = result["arm_indices"]
     agg = result["aggregate"]
     lines = [f"# Evaluation of `{result['checkpoint']}`", ""]
+    if result.get("verdict"):
+        v = result["verdict"]
+        warn = (" — **the model is no better than a trivial reference here**"
+                if v.get("worse_than_a_reference") else "")
+        lines += [f"**Verdict (arm mean, full trajectory):** {v['line']}{warn}", ""]
     if result.get("mode"):
         lines.append(f"- model mode: **{result['mode']}** (counterfactual: commands, "
                      "simulated state and pre-execution conditions only; telemetry: replays "

@@ -140,7 +140,7 @@ XM430_W350 = ServoSpec(
         "Position_P_Gain": R(84, 2, "RW", 800),
         "Feedforward_2nd_Gain": R(88, 2, "RW", 0),
         "Feedforward_1st_Gain": R(90, 2, "RW", 0),
-        "Bus_Watchdog": R(98, 1, "RW", 0),
+        "Bus_Watchdog": R(98, 1, "RW", 0, signed=1),  # 20 ms units; 0 off; -1 expired
         "Goal_PWM": R(100, 2, "RW", 885, signed=1),
         "Goal_Current": R(102, 2, "RW", 1193, signed=1),
         "Goal_Velocity": R(104, 4, "RW", 0, signed=1),
@@ -160,6 +160,16 @@ XM430_W350 = ServoSpec(
         "Present_Temperature": R(146, 1, "R", 30),
     },
 )
+
+# Bus Watchdog (98), XM430 e-manual (firmware >= 38): 1..127 arms it in units of 20 ms; while
+# Torque_Enable is 1, an instruction-packet silence longer than that stops the servo, the
+# register reads -1 and the goal registers refuse writes (Data Range Error) until 0 is
+# written. The STS3215 has no such register.
+XM430_BUS_WATCHDOG_UNIT_S = 0.020
+XM430_BUS_WATCHDOG_MAX = 127
+XM430_BUS_WATCHDOG_EXPIRED = -1
+XM430_BUS_WATCHDOG_MIN_FIRMWARE = 38
+XM430_GOAL_REGISTERS = ("Goal_PWM", "Goal_Current", "Goal_Velocity", "Goal_Position")
 
 # Hardware_Error_Status bits (XM430 e-manual): what the firmware detected and latched.
 XM430_HARDWARE_ERRORS = {0: "input voltage", 2: "overheating", 3: "motor encoder",

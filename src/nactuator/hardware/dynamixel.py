@@ -16,11 +16,16 @@ from lerobot.motors.dynamixel import DynamixelMotorsBus
 
 from nactuator import servo_units as units
 from nactuator.hardware.bus import (
+    BusError,
     TelemetryBus,
     TelemetryFrame,
     lerobot_calibration,
 )
-from nactuator.hardware.control_table import XM430_HARDWARE_ERRORS, XM430_W350
+from nactuator.hardware.control_table import (
+    XM430_BUS_WATCHDOG_MIN_FIRMWARE,
+    XM430_HARDWARE_ERRORS,
+    XM430_W350,
+)
 
 TELEMETRY = XM430_W350.block("Present_PWM", "Present_Temperature")
 FAST_SYNC_MIN_FIRMWARE = 45
@@ -69,6 +74,7 @@ class DynamixelTelemetryBus(TelemetryBus):
         self._ph = self.lerobot.packet_handler
         self._port = self.lerobot.port_handler
         self._alerts: dict[int, str] = {}
+        self.firmware: dict[int, int] = {}  # servo id -> Firmware_Version, read at connect
 
     setup_hint = ("check power (12 V), the daisy-chain cable, and the ID/baud rate "
                   "(DYNAMIXEL Wizard can scan)")
@@ -82,6 +88,17 @@ class DynamixelTelemetryBus(TelemetryBus):
             firmware[sid] = fw if comm == dxl.COMM_SUCCESS else 0
         if self.use_fast and any(fw < FAST_SYNC_MIN_FIRMWARE for fw in firmware.values()):
             self.use_fast = False  # fast sync read needs firmware >= 45: plain sync read
+        # Those that answered (arming a servo whose version was not read decides for it).
+        self.firmware = {sid: fw for sid, fw in firmware.items() if fw}
+
+    def _check_watchdog_support(self) -> None:
+        old = [f"{sid} ({self._name(sid)}): v{fw}" for sid, fw in self.firmware.items()
+               if fw < XM430_BUS_WATCHDOG_MIN_FIRMWARE]
+        if old:
+            raise BusError(f"the bus watchdog needs XM430 firmware v"
+                           f"{XM430_BUS_WATCHDOG_MIN_FIRMWARE} or newer; on {self.port} servo(s) "
+                           f"{', '.join(old)}: update it with DYNAMIXEL Wizard 2.0, "
+                           f"or set {self.platform.source}: hardware.bus_watchdog_ms: 0")
 
     # --- telemetry ----------------------------------------------------------------------
     def _rx(self, fast: bool) -> tuple[list[int], int]:

@@ -42,6 +42,7 @@ from nactuator.hardware.bus import (
 from nactuator.hardware.signals import interrupts_deferred, sigterm_as_interrupt
 from nactuator.hardware.timing import FixedRate
 from nactuator.platforms import Platform, load_platform
+from nactuator.viewer import Viewer, open_viewer
 
 log = logging.getLogger(__name__)
 G = 9.81  # NAD payload labels use g = 9.81
@@ -134,10 +135,13 @@ def _hottest(frame: TelemetryFrame) -> str:
 
 def _record_episode(leader: TelemetryBus, follower: TelemetryBus, buf: EpisodeBuffer,
                     seconds: float, fps: float, bar: tqdm | None, stats: dict,
-                    stop: threading.Event | None) -> None:
+                    stop: threading.Event | None, viewer: Viewer | None = None,
+                    viewer_t0: float = 0.0) -> None:
     """Record one episode into ``buf``; ``stats`` is filled as it goes (it survives an
     interrupt). Every slot of the episode is either a frame or counted in
-    ``stats["overruns"]``: frames + overruns = round(seconds * fps) unless stopped early."""
+    ``stats["overruns"]``: frames + overruns = round(seconds * fps) unless stopped early.
+    ``viewer``: each frame also goes to Rerun, on a clock that started at ``viewer_t0``
+    (the recording's start: episodes follow one another on its timeline)."""
     n_slots = max(1, round(seconds * fps))
     lo = np.array([c.limit_lower for c in follower.platform.channels])
     hi = np.array([c.limit_upper for c in follower.platform.channels])
@@ -158,6 +162,10 @@ def _record_episode(leader: TelemetryBus, follower: TelemetryBus, buf: EpisodeBu
         frame = follower.read()
         follower.write_goal(q_cmd)
         buf.append(frame.t - t0, q_cmd, frame)
+        if viewer is not None:
+            viewer.log_frame(frame.t - viewer_t0, q=frame.q, leader_q=lead.q, q_cmd=q_cmd,
+                             qd=frame.qd, effort=frame.effort, voltage=frame.voltage,
+                             temperature=frame.temperature)
         stats["invalid_frames"] += int(not frame.valid.all())
         if bar is not None:
             bar.update(1)
@@ -177,7 +185,8 @@ def record(platform: str | Platform, leader: str, follower: str, task: str,
            leader_calibration: str | Path | None = None,
            follower_calibration: str | Path | None = None, progress: bool = True,
            min_valid_fraction: float = MIN_VALID_FRACTION,
-           stop: threading.Event | None = None) -> str:
+           stop: threading.Event | None = None, rrd: str | Path | None = None,
+           display: bool = False) -> str:
     """Record ``episodes`` teleoperation episodes of ``seconds`` each into ``out``.
 
     ``leader``/``follower``: serial ports. ``payload_g``: grams held by the follower
@@ -186,7 +195,8 @@ def record(platform: str | Platform, leader: str, follower: str, task: str,
     ``min_valid_fraction``: an episode with complete follower telemetry in fewer of its
     frames is saved, then :class:`RecordingQualityError` says what failed on the wire.
     ``stop``: another thread (a key listener, a foot pedal) sets it to end the current
-    episode early, save it and stop, as Ctrl-C does.
+    episode early, save it and stop, as Ctrl-C does. ``rrd`` / ``display``: also stream
+    every frame to a Rerun recording file / viewer (:mod:`nactuator.viewer`).
     """
     p = platform if isinstance(platform, Platform) else load_platform(platform)
     if episodes < 1:
@@ -201,16 +211,22 @@ def record(platform: str | Platform, leader: str, follower: str, task: str,
         raise ValueError(f"leader and follower must be different ports, both are {leader!r}")
     if not task or not task.strip():
         raise ValueError("task must be a non-empty description, e.g. 'pick_place_200g'")
-    with sigterm_as_interrupt():
-        return _record(p, leader, follower, task, episodes, seconds, Path(out), payload_g,
-                       split, leader_calibration, follower_calibration, progress,
-                       min_valid_fraction, stop)
+    viewer = open_viewer(f"record {p.name} {task}", p.channel_names, rrd, display)
+    try:
+        with sigterm_as_interrupt():
+            return _record(p, leader, follower, task, episodes, seconds, Path(out), payload_g,
+                           split, leader_calibration, follower_calibration, progress,
+                           min_valid_fraction, stop, viewer)
+    finally:
+        if viewer is not None:
+            viewer.close()
 
 
 def _record(p: Platform, leader: str, follower: str, task: str, episodes: int,
             seconds: float, out: Path, payload_g: float | None, split: str,
             leader_calibration, follower_calibration, progress: bool,
-            min_valid_fraction: float, stop: threading.Event | None) -> str:
+            min_valid_fraction: float, stop: threading.Event | None,
+            viewer: Viewer | None = None) -> str:
     fps = p.fps
     ramp_s = float(p.hardware.get("record_ramp_s", 1.0))
     settle_s = float(p.hardware.get("record_settle_s", 2.0))
@@ -232,6 +248,7 @@ def _record(p: Platform, leader: str, follower: str, task: str, episodes: int,
         foll_bus.write_goal(foll_bus.wait_ready().q)  # hold where it is, then torque on
         foll_bus.set_torque(True)
         _ramp_to(foll_bus, first.q, ramp_s, fps, settle_s, tolerance)
+        viewer_t0 = time.monotonic()
         for ep in range(episodes):
             journal = writer.begin_episode(task, split, episode_meta={
                 "leader_port": leader, "follower_port": follower, "payload_g": payload_g,
@@ -242,8 +259,12 @@ def _record(p: Platform, leader: str, follower: str, task: str, episodes: int,
             stats: dict = {}
             error: BaseException | None = None
             before = dict(foll_bus.counters)
+            if viewer is not None:
+                viewer.log_event(time.monotonic() - viewer_t0,
+                                 f"episode {ep + 1}/{episodes} ({task!r}) starts")
             try:
-                _record_episode(lead_bus, foll_bus, buf, seconds, fps, bar, stats, stop)
+                _record_episode(lead_bus, foll_bus, buf, seconds, fps, bar, stats, stop,
+                                viewer, viewer_t0)
             except KeyboardInterrupt as e:
                 stopped_by = str(e.args[0]) if e.args else "Ctrl-C"
             except BaseException as e:  # save what was recorded, then re-raise

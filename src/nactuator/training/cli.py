@@ -201,19 +201,64 @@ def _link(link: Path, target: str) -> Path:
 
 
 def _print_next_steps(cli: Any, paths: Sequence[str], root: Path) -> None:
-    """Link ``best.ckpt``/``last.ckpt`` in the run folder; print the eval command."""
+    """Link ``best.ckpt``/``last.ckpt`` in the run folder; print the best and last epochs'
+    validation figures side by side, the verdict against the trivial references, which
+    file ``best.ckpt`` is and why, and the eval command."""
     callbacks = cli.trainer.checkpoint_callbacks
-    best = next((c.best_model_path for c in callbacks if c.monitor and c.best_model_path), None)
+    selector = next((c for c in callbacks if c.monitor and c.best_model_path), None)
+    best = selector.best_model_path if selector else None
     last = next((c.last_model_path or c.best_model_path for c in callbacks
                  if not c.monitor and (c.last_model_path or c.best_model_path)), None)
     if last:
         print(f"[nactuator] last checkpoint: {_link(root / 'last.ckpt', last)} -> {last}")
+    history = getattr(cli.model, "val_history", [])
     if best:
         split = "test" if any(_has_split(p, "test") for p in paths) else "validation"
         link = _link(root / "best.ckpt", best)
-        print(f"[nactuator] best checkpoint (by val/loss): {link} -> {best}\n"
-              f"[nactuator] evaluate it: nactuator eval --ckpt {link} "
+        print(f"[nactuator] best checkpoint (lowest {selector.monitor}): {link} -> {best}")
+        for line in selection_summary(history, best, selector.monitor):
+            print(f"[nactuator] {line}")
+        print(f"[nactuator] evaluate it: nactuator eval --ckpt {link} "
               f"--data {','.join(paths)} --split {split} --out {root / 'eval'}", flush=True)
+
+
+def _epoch_of(checkpoint: str) -> int | None:
+    """The epoch in a checkpoint file name written with ``{epoch:02d}`` (``best-epoch=07``)."""
+    import re
+
+    found = re.search(r"epoch=(\d+)", Path(checkpoint).name)
+    return int(found.group(1)) if found else None
+
+
+def selection_summary(history: Sequence[dict[str, float]], best: str,
+                      monitor: str) -> list[str]:
+    """Lines comparing the linked (best) epoch with the last one on validation, with the
+    verdict against the trivial references; a warning when the model loses to them."""
+    from nactuator.data.references import is_worse, verdict
+
+    if not history:
+        return []
+    epoch = _epoch_of(best)
+    chosen = next((h for h in history if h["epoch"] == epoch), None)
+    final = history[-1]
+    key = monitor.removeprefix("val/")
+    lines = []
+    for name, row in (("best", chosen), ("last", final)):
+        if row is None:
+            continue
+        score = row.get(key)
+        shown = "—" if score is None else f"{score:.3f}"
+        lines.append(f"{name} (epoch {row['epoch']}): {monitor} {shown}; {verdict(row)}")
+    if chosen is not None and chosen is not final:
+        lines.append(f"best.ckpt is epoch {chosen['epoch']}, not the last ({final['epoch']}): "
+                     f"its {monitor} (each error over its trivial reference, averaged) is "
+                     "lower on the validation episodes")
+    row = chosen or final
+    if is_worse(row):
+        lines.append("WARNING: the linked model is no better than a trivial reference on "
+                     "validation; train longer or use a recipe from conf/train/ "
+                     "(docs/training.md)")
+    return lines
 
 
 def _has_split(path: str, split: str) -> bool:

@@ -30,12 +30,13 @@ from nactuator.atomic import write_json, write_png, write_text
 from nactuator.child import run_nactuator
 from nactuator.data import read_dataset
 from nactuator.data.folds import runs_per_task
+from nactuator.data.references import is_worse, verdict
 from nactuator.errors import UserError
 from nactuator.platforms import load_platform
 
 __all__ = ["CVError", "run_cv", "summarize_folds"]
 
-SELECTIONS = ("best", "last")
+SELECTIONS = ("best", "last")  # always scored; a run's extra ModelCheckpoint families too
 
 
 class CVError(UserError, RuntimeError):
@@ -62,11 +63,19 @@ def default_folds(paths: Sequence[str]) -> int:
 
 
 def _checkpoint(fold_dir: Path, selection: str) -> Path:
-    pattern = "last.ckpt" if selection == "last" else "best-*.ckpt"
+    pattern = "last.ckpt" if selection == "last" else f"{selection}-*.ckpt"
     found = sorted(fold_dir.rglob(pattern), key=lambda p: p.stat().st_mtime)
     if not found:
         raise CVError(f"{fold_dir}: training left no {pattern} (see {fold_dir / 'train.log'})")
     return found[-1]
+
+
+def _selections(fold_dir: Path) -> list[str]:
+    """``best``, ``last`` and every other checkpoint family the run wrote (a further
+    ``ModelCheckpoint`` with ``filename: NAME-{epoch:02d}``, e.g. to compare selection
+    rules fold by fold): each is scored on the held-out runs."""
+    names = {p.name.split("-epoch=")[0] for p in fold_dir.rglob("*-epoch=*.ckpt")}
+    return [*SELECTIONS, *sorted(names - set(SELECTIONS))]
 
 
 def _run(args: list[str], log: Path) -> None:
@@ -79,7 +88,7 @@ def _run(args: list[str], log: Path) -> None:
 def _run_fold(platform: str, paths: list[str], folds: int, fold: int, out: Path,
               extra_args: Sequence[str]) -> dict[str, Path]:
     fold_dir = out / f"fold_{fold}"
-    scores = {s: fold_dir / f"eval_{s}" / "metrics.json" for s in SELECTIONS}
+    scores = {s: fold_dir / f"eval_{s}" / "metrics.json" for s in _selections(fold_dir)}
     if all(p.is_file() for p in scores.values()):
         return scores
     shutil.rmtree(fold_dir, ignore_errors=True)  # a fold interrupted half-way starts over
@@ -89,7 +98,8 @@ def _run_fold(platform: str, paths: list[str], folds: int, fold: int, out: Path,
                 f"--data.cv_folds={folds}", f"--data.cv_fold={fold}",
                 f"--trainer.default_root_dir={fold_dir}", "--logger", "csv",
                 "--trainer.enable_progress_bar=false", *extra_args], log)
-    for selection in SELECTIONS:
+    scores = {s: fold_dir / f"eval_{s}" / "metrics.json" for s in _selections(fold_dir)}
+    for selection in scores:
         _run(["eval", "--ckpt", str(_checkpoint(fold_dir, selection)),
                     "--data", ",".join(paths), "--split", "test", "--cv-folds", str(folds),
                     "--cv-fold", str(fold), "--out", str(scores[selection].parent)], log)
@@ -161,6 +171,28 @@ def summarize_folds(rows: Sequence[dict[str, float | None]]) -> dict[str, dict[s
     return out
 
 
+def cv_verdict(table: dict[str, dict[str, Any]]) -> str:
+    """The verdict line of a selection's fold means against the trivial references."""
+    def mean(key: str) -> float | None:
+        return (table.get(key) or {}).get("mean")
+
+    figures: dict[str, float] = {}
+    pairs = (("joints_deg", "arm mean (deg), model"),
+             ("joints_command_deg", "arm mean (deg), command following"),
+             ("force_n", "force 3-axis (N), model rollout"),
+             ("force_reference_n", "force 3-axis (N), linear regression"))
+    for name, key in pairs:
+        if mean(key) is not None:
+            figures[name] = mean(key)
+    if "joints_command_deg" not in figures:
+        figures.pop("joints_deg", None)
+    if "force_reference_n" not in figures:
+        figures.pop("force_n", None)
+    line = verdict(figures, "linear regression")
+    return line + (" — the model is no better than a trivial reference" if is_worse(figures)
+                   else "")
+
+
 def _fmt(x: float | None, digits: int) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
@@ -229,7 +261,7 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
             done[futures[future]] = future.result()
             bar.update(1)
     summary = {}
-    for selection in SELECTIONS:
+    for selection in done[chosen[0]]:
         rows = [fold_row(json.loads(done[f][selection].read_text())) for f in chosen]
         summary[selection] = summarize_folds(rows)
     header = [f"# Cross-validation: {name}, {len(chosen)} of {k} folds", "",
@@ -241,6 +273,7 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
               "- scores: `nactuator eval` on the held-out runs, full trajectory, mean over "
               "tasks; sd over folds (n − 1)",
               f"- wall time {time.perf_counter() - t0:.0f} s with {jobs} job(s)"]
+    header.append(f"- verdict (`best`, mean over folds): {cv_verdict(summary['best'])}")
     text = markdown_summary(summary, header)
     write_json(out / "cv.json", {"platform": name, "data": paths, "folds": k,
                                  "scored_folds": chosen, "extra_args": list(extra_args),

@@ -46,6 +46,7 @@ from nactuator.training.losses import (
     joint_loss,
     velocity_loss,
 )
+from nactuator.training.selection import ValidationScore
 
 # Which size name is the "width" and the "depth" of each architecture, so that one sweep
 # axis (model.width / model.depth) means the same thing for every arch.
@@ -213,6 +214,8 @@ class NeuralActuatorModule(L.LightningModule):
         self._ema_backup: dict[str, torch.Tensor] | None = None
         self._simulator: Any = None
         self._simulator_device: str | None = None
+        self.val_score = ValidationScore(self.platform.arm_indices, window_length)
+        self.val_history: list[dict[str, float]] = []  # one row per validation epoch
 
     # ------------------------------------------------------------------ model and data
 
@@ -528,6 +531,23 @@ class NeuralActuatorModule(L.LightningModule):
     def on_validation_start(self) -> None:
         self._start_evaluation()
 
+    def on_validation_epoch_start(self) -> None:
+        self.val_score.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        """Log ``val/score`` (the checkpoint selection metric) and keep the epoch's
+        figures for the end-of-training summary."""
+        if self.trainer.world_size > 1:
+            self.val_score.reduce(lambda t: self.trainer.strategy.reduce(
+                t.to(self.device), reduce_op="sum").cpu())
+        figures = self.val_score.compute()
+        for key, value in figures.items():
+            self.log(f"val/{key}", value, sync_dist=False)
+        if self.trainer.sanity_checking:
+            return
+        self.val_history.append({"epoch": self.current_epoch, "step": self.global_step,
+                                 **figures})
+
     def on_validation_end(self) -> None:
         self._end_evaluation()
 
@@ -539,6 +559,8 @@ class NeuralActuatorModule(L.LightningModule):
 
     def _evaluate(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         r = self(batch)
+        if stage == "val":
+            self.val_score.update(r.q, r.force, r.condition, batch, self._step_mask(r, batch))
         parts = self.compute_losses(r, batch)
         parts.update(self.rollout_metrics(r, batch))
         batch_size = batch["q"].shape[0]

@@ -34,6 +34,7 @@ from nactuator.hardware.control_table import SPEC_BY_BUS, XM430_HARDWARE_ERRORS,
 from nactuator.hardware.emulator.arm import ArmModel, ReferenceArm, ScriptedLeader
 from nactuator.hardware.emulator.faults import Faults
 from nactuator.hardware.emulator.servos import DynamixelServos, FeetechServos
+from nactuator.hardware.emulator.watchdog import BusWatchdogs
 from nactuator.hardware.protocol import dxl2, scs
 from nactuator.hardware.timing import sleep_until
 from nactuator.platforms import Platform, load_platform
@@ -99,12 +100,15 @@ class Emulator:
     ``step_per_read``: instead of in real time, advance the arm model by this many
     seconds each time a group read (SYNC/BULK READ, one per telemetry cycle) has been
     answered, so the arm moves the same way on an idle and on a loaded machine (tests).
+    ``clock``: the time the XM430 Bus Watchdog measures silences in (default
+    ``time.perf_counter``; a test passes its own to decide when a silence ends).
     """
 
     def __init__(self, bus: str, platform: str | Platform, seed: int = 0, *,
                  arm: str | ArmModel | None = None, leader: bool = False,
                  bus_timing: bool = False, faults: Faults | None = None,
-                 link: str | Path | None = None, step_per_read: float | None = None) -> None:
+                 link: str | Path | None = None, step_per_read: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.platform = platform if isinstance(platform, Platform) else load_platform(platform)
         hw = self.platform.hardware
         if bus not in SPEC_BY_BUS:
@@ -136,15 +140,19 @@ class Emulator:
         self.tables = {sid: ControlTable(self.spec, sid) for sid in self.ids}
         for t in self.tables.values():
             t.set("Return_Delay_Time", int(emu_conf.get("return_delay_time", 0)))
+        self.clock = clock
+        self.watchdogs: BusWatchdogs | None = None  # the STS3215 has no bus watchdog
         if bus == "dynamixel":
             self.firmware = DynamixelServos(self.tables, self.faults.dead_ids)
             self._reader = dxl2.PacketReader()
+            self.watchdogs = BusWatchdogs(self.tables)
         else:
             self.firmware = FeetechServos(self.tables, self.faults.dead_ids)
             self._reader = scs.PacketReader()
         self.stats = {"packets": 0, "replies": 0, "dropped": 0, "corrupted": 0,
                       "group_reads": 0, "malformed": 0, "firmware_errors": 0,
-                      "physics_steps": 0, "physics_behind": 0}
+                      "physics_steps": 0, "physics_behind": 0,
+                      "watchdog_checks": 0, "watchdog_expiries": 0}
         self.failure: BaseException | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -254,6 +262,7 @@ class Emulator:
     STEP_INTERVAL = 0.002
     MAX_CATCHUP = 10  # physics steps; beyond this the model's clock slips
     POLL_S = 0.05  # longest wait without a reason to wake (checks the stop flag)
+    WATCHDOG_POLL_S = 0.005  # while a Bus Watchdog runs, look at it at least this often
     SPIN_S = 0.002  # replies due sooner than this are timed by spinning, not select()
 
     def _run(self) -> None:
@@ -276,6 +285,8 @@ class Emulator:
                 t_model + max(tick, self.STEP_INTERVAL)
             if self._outbox:
                 wake = min(wake, self._outbox[0][0] - self.SPIN_S)
+            if self.watchdogs is not None and self.watchdogs.watching():
+                wake = min(wake, now + self.WATCHDOG_POLL_S)
             try:
                 ready, _, _ = select.select([self._master], [], [], max(0.0, wake - now))
             except (OSError, ValueError):
@@ -292,6 +303,10 @@ class Emulator:
                     if packets and stale:
                         self._sync_registers()
                         stale = False
+                    if self.watchdogs is not None:
+                        heard = self.clock()
+                        for p in packets:
+                            self.watchdogs.heard(p, heard)
                     for p in packets:
                         self._queue(self._answer(p), len(data), rx_done)
                         group_reads += p.inst in GROUP_READS[self.bus]
@@ -299,6 +314,8 @@ class Emulator:
                         self._apply_commands()
             if not self._send_due():
                 return
+            if self.watchdogs is not None:
+                stale = self._check_watchdogs(stale)
             if group_reads:
                 self.stats["group_reads"] += group_reads
                 self._fire_triggers(group_reads)
@@ -328,6 +345,24 @@ class Emulator:
                     stale = True
                     if select.select([self._master], [], [], 0)[0]:
                         break  # a request is waiting: answer it before stepping on
+
+    def _check_watchdogs(self, stale: bool) -> bool:
+        """Stop the servos whose Bus Watchdog ran out (after this loop's packets reset
+        theirs); returns whether the registers are still stale."""
+        with self._lock:
+            now = self.clock()
+            if self.watchdogs.due(now):
+                if stale:
+                    self._sync_registers()  # stop where the arm is now
+                    stale = False
+                stopped = self.watchdogs.expire(now)
+                self.stats["watchdog_expiries"] += len(stopped)
+                self._apply_commands()
+                log.info("emulated servo(s) %s: Bus Watchdog expired (no instruction packet "
+                         "for longer than its period); stopped, goals read-only",
+                         ", ".join(map(str, stopped)))
+            self.stats["watchdog_checks"] += 1
+        return stale
 
     def _answer(self, packet) -> list[bytes]:
         self.stats["packets"] += 1

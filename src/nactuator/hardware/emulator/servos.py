@@ -16,7 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nactuator.hardware.control_table import ControlTable
+from nactuator.hardware.control_table import (
+    XM430_BUS_WATCHDOG_EXPIRED,
+    XM430_BUS_WATCHDOG_MAX,
+    XM430_GOAL_REGISTERS,
+    ControlTable,
+)
 from nactuator.hardware.protocol import dxl2, scs
 
 
@@ -81,10 +86,25 @@ class DynamixelServos:
             return dxl2.ERR_ACCESS
         if t.splits_register(addr, len(data)):
             return dxl2.ERR_DATA_LENGTH  # e.g. 2 bytes into a 4-byte register
+        if self._watchdog_refuses(t, addr, data):
+            return dxl2.ERR_DATA_RANGE  # e-manual, Bus Watchdog(98): see emulator/watchdog.py
         if self._over_limit(t, addr, data):
             return dxl2.ERR_DATA_LIMIT  # the value is refused, the register keeps its own
         t.write(addr, data)
         return 0
+
+    @staticmethod
+    def _watchdog_refuses(t: ControlTable, addr: int, data: bytes) -> bool:
+        """After a Bus Watchdog Error the goal registers are read-only, and only 0 clears
+        the error; a Bus Watchdog value outside 0..127 is never accepted."""
+        new = t.values_in(addr, data)
+        expired = t.get("Bus_Watchdog") == XM430_BUS_WATCHDOG_EXPIRED
+        if expired and any(goal in new for goal in XM430_GOAL_REGISTERS):
+            return True
+        if "Bus_Watchdog" in new:
+            period = new["Bus_Watchdog"]
+            return not 0 <= period <= XM430_BUS_WATCHDOG_MAX or (expired and period != 0)
+        return False
 
     @staticmethod
     def _over_limit(t: ControlTable, addr: int, data: bytes) -> bool:

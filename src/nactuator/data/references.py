@@ -1,4 +1,5 @@
-"""Two trivial references every evaluation table shows beside the model.
+"""Two trivial references every evaluation table shows beside the model, and that
+validation scores the model against (``val/score``, checkpoint selection).
 
 - **Command following** for the joints: predict q[i+1] = q_cmd[i]. It needs no model at
   all, so a learned actuator that cannot beat it has learned nothing about the servo.
@@ -16,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nactuator.data import Episode
-from nactuator.eval.episodes import EvalDataError, force_labels
+from nactuator.data.schema import DataFormatError, Episode
 
-__all__ = ["FORCE_FEATURE_KEYS", "LinearForceReference", "command_following"]
+__all__ = ["FORCE_FEATURE_KEYS", "LinearForceReference", "command_following", "force_labels",
+           "is_worse", "verdict"]
 
 FORCE_FEATURE_KEYS = ("effort", "voltage", "temperature", "q", "qd", "q_cmd", "error")
 
@@ -29,6 +30,12 @@ def command_following(episode: Episode) -> np.ndarray:
     return episode.frames["q_cmd"][:-1].astype(np.float64)
 
 
+def force_labels(ep: Episode) -> np.ndarray:
+    """(T, 3) force labels, NaN where unlabelled (all NaN if the dataset has none)."""
+    f = ep.frames.get("force")
+    return np.full((ep.length, 3), np.nan) if f is None else np.asarray(f, np.float64)
+
+
 def force_features(episode: Episode) -> np.ndarray:
     """(T, 7n) features of each frame: effort, voltage, temperature, q, qd, q_cmd, error."""
     ch = episode.frames
@@ -36,7 +43,7 @@ def force_features(episode: Episode) -> np.ndarray:
     for key in FORCE_FEATURE_KEYS:
         value = ch["q_cmd"] - ch["q"] if key == "error" else ch.get(key)
         if value is None:
-            raise EvalDataError(f"episode {episode.index} ({episode.task}): the linear force "
+            raise DataFormatError(f"episode {episode.index} ({episode.task}): the linear force "
                                 f"reference needs channel '{key}', which is missing")
         cols.append(value)
     return np.concatenate(cols, axis=1).astype(np.float64)
@@ -62,7 +69,7 @@ class LinearForceReference:
     def fit(cls, episodes: Sequence[Episode], ridge: float = 1e-6,
             label_offset: int = 0) -> LinearForceReference:
         if not episodes:
-            raise EvalDataError("the linear force reference needs training episodes; the "
+            raise DataFormatError("the linear force reference needs training episodes; the "
                                 "train split is empty")
         xs, ys = [], []
         for ep in episodes:
@@ -103,3 +110,28 @@ def _pairs(ep: Episode, offset: int) -> tuple[np.ndarray, np.ndarray]:
     if offset:
         x, y = x[:-offset], y[offset:]
     return x, y
+
+
+def verdict(figures: dict[str, float],
+            force_reference: str = "best of 0 N and linear regression") -> str:
+    """One line: the model against the trivial references, and whether it beats them
+    ("joints 0.90° vs 1.40° command following: better; ...").
+
+    ``figures`` holds ``joints_deg``/``joints_command_deg`` (arm mean) and/or ``force_n``/
+    ``force_reference_n`` (3-axis MAE); ``force_reference`` names the force reference."""
+    parts = []
+    if "joints_deg" in figures:
+        model, ref = figures["joints_deg"], figures["joints_command_deg"]
+        parts.append(f"joints {model:.2f}° vs {ref:.2f}° command following: "
+                     f"{'better' if model < ref else 'WORSE'}")
+    if "force_n" in figures:
+        model, ref = figures["force_n"], figures["force_reference_n"]
+        parts.append(f"force {model:.3f} N vs {ref:.3f} N ({force_reference}): "
+                     f"{'better' if model < ref else 'WORSE'}")
+    return "; ".join(parts) if parts else "no joint or force reference to compare with"
+
+
+def is_worse(figures: dict[str, float]) -> bool:
+    """True if the model loses to a trivial reference on joints or force."""
+    return (("joints_deg" in figures and figures["joints_deg"] >= figures["joints_command_deg"])
+            or ("force_n" in figures and figures["force_n"] >= figures["force_reference_n"]))
