@@ -33,11 +33,13 @@ import torch
 
 from nactuator.control.live import LiveLoop, summarize_timings
 from nactuator.hardware.bus import open_bus
+from nactuator.input_filters import input_filter_spec
 from nactuator.models import NeuralActuator, load_model
 from nactuator.platforms import load_platform
 from nactuator.viewer import Viewer
 
 STATS_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
+FILTERS = input_filter_spec()  # what a default training run saves in the bundle
 
 
 def wire_ms(bus: str, n: int) -> float:
@@ -130,7 +132,8 @@ def bench_rrd(platform: str, timing: bool, seconds: float, actuator) -> list[dic
                 b.wait_ready()
                 for viewer in (None, TimedViewer("bench", p.channel_names,
                                                  rrd=Path(tmp) / "live.rrd")):
-                    loop = LiveLoop(actuator, b, p, b.read_goal(), viewer=viewer)
+                    loop = LiveLoop(actuator, b, p, b.read_goal(), viewer=viewer,
+                                    input_filters=FILTERS)
                     s = summarize_timings(loop.run(seconds, sink=None), p.fps)
                     s["lost_slots"] = loop.lost_slots
                     if viewer is not None:
@@ -158,7 +161,7 @@ def bench(platform: str, timing: bool, seconds: float, actuator,
             with open_bus(p, str(link)) as b:
                 b.wait_ready()
                 base = baseline_read_ms(b, int(seconds * p.fps / 2))
-                loop = LiveLoop(actuator, b, p, b.read_goal())
+                loop = LiveLoop(actuator, b, p, b.read_goal(), input_filters=FILTERS)
                 cpu = time.process_time()
                 rows = loop.run(seconds, sink=None)
                 cpu = time.process_time() - cpu

@@ -193,7 +193,8 @@ def test_temperature_glitches_are_filtered(tmp_path):
         w.add_episode(frames, "t", "train")
     temp = NADDataModule(tmp_path / "ds", "omx").split_episodes("train")["temperature"][0, 8:]
     assert temp[10, 1] == 35.0 and (temp[30:33, 0] == 35.0).all()
-    assert temp[39, 3] == 35.0 and temp[40, 3] == 40.0
+    # Causal: the trailing 11 frames show the step once 6 of them have it (frame 45).
+    assert temp[44, 3] == 35.0 and temp[45, 3] == 40.0 and temp[-1, 3] == 40.0
     assert (temp[:, 2] == 35.0).all()
     raw = NADDataModule(tmp_path / "ds", "omx", temperature_median=1).split_episodes("train")
     assert raw["temperature"][0, 8 + 10, 1] == 95.0

@@ -78,7 +78,8 @@ def test_evaluate_writes_metrics_tables_and_plots(tiny):
 
     m = json.loads((out / "metrics.json").read_text())
     assert m["platform"] == PLATFORM and m["episodes"] == 2 and m["steps"] == 119 + 59
-    assert m["temperature_median"] == 1  # a bare bundle has no training config: raw values
+    # A bare bundle has no training config and no spec: raw temperature, zero fill (legacy).
+    assert m["input_filters"]["median"] == {} and m["input_filters"]["missing"] == "zero"
     mean = m["aggregate"]["all"]["mean"]
     # @10 exists for both, @100 only for the 120-frame episode; longer ones are skipped.
     assert set(mean["joints"]["model"]) == {"@10", "@100", "full"}

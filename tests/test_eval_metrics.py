@@ -208,27 +208,22 @@ def test_gate_on_unlabelled_frames_of_a_payload_run_is_reported_apart():
     assert s["unlabelled_frames"]["false_contact_rate"] == 1.0
 
 
-def test_temperature_is_filtered_like_training_and_causally_for_infer():
-    from nactuator.eval.episodes import EvalDataError, filter_temperature, temperature_window
+def test_evaluation_filters_inputs_with_the_checkpoints_causal_spec():
+    from nactuator.eval.episodes import filter_episode
+    from nactuator.input_filters import input_filter_spec
 
     ep = make_episode(40)
     ep.frames["temperature"][:] = 35.0
     ep.frames["temperature"][20, 1] = 150.0  # a one-frame telemetry glitch
     ep.frames["temperature"][30:, 0] = 40.0  # a real step
-    assert temperature_window({"training_config": {"data": {"temperature_median": 11}}}) == 11
-    assert temperature_window({"training_config": None}) == 1  # bare bundle: raw values
-    with pytest.raises(EvalDataError, match="temperature_median"):
-        temperature_window({"training_config": {"data": {"temperature_median": 4}}})
-    for causal in (False, True):
-        out = filter_temperature(ep, 11, causal=causal).frames["temperature"]
-        assert out[:, 1].max() == 35.0  # the spike is gone
-        assert out[-1, 0] == 40.0  # the step survives
+    out = filter_episode(ep, input_filter_spec(11)).frames["temperature"]
+    assert out[:, 1].max() == 35.0  # the spike is gone
     assert ep.frames["temperature"][20, 1] == 150.0  # the input is not modified
-    # The trailing median sees the step once most of its past window has it (frame 35);
-    # the centred one already at frame 30, from the frames after it.
-    causal = filter_temperature(ep, 11, causal=True).frames["temperature"][:, 0]
-    assert causal[34] == 35.0 and causal[35] == 40.0
-    assert filter_temperature(ep, 11).frames["temperature"][30, 0] == 40.0
+    # Trailing median: the step shows once most of the past 11 frames have it (frame 35),
+    # never earlier: nothing is read from the future.
+    assert out[34, 0] == 35.0 and out[35, 0] == 40.0 and out[-1, 0] == 40.0
+    raw = filter_episode(ep, input_filter_spec(1)).frames["temperature"]
+    assert raw[20, 1] == 150.0
 
 
 def test_the_payload_is_read_from_the_force_during_the_carry_only():

@@ -8,32 +8,36 @@ import csv
 import numpy as np
 import pytest
 
-from nactuator.control.live import hold_last_valid, run_live
+from nactuator.control.live import run_live
 from nactuator.hardware.emulator import Emulator
 from nactuator.hardware.recorder import with_hardware
+from nactuator.input_filters import input_filter_spec
 from nactuator.models import NeuralActuator, bundle_to_dict, save_bundle
 from nactuator.platforms import load_platform
+from nactuator.rollout import StreamingWindow
 
 STATS_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
 
 
-def untrained_bundle(path, platform: str, n: int) -> str:
+def untrained_bundle(path, platform: str, n: int, extra: dict | None = None) -> str:
     stats = {k: {"mean": [0.0] * n, "std": [1.0] * n} for k in STATS_KEYS}
     stats["voltage"] = {"mean": [12.0] * n, "std": [0.3] * n}
     stats["temperature"] = {"mean": [30.0] * n, "std": [5.0] * n}
     actuator = NeuralActuator(n_motors=n, norm_stats=stats,
                               model_config={"arch": "transformer"})  # the paper's size
-    save_bundle(bundle_to_dict(actuator, platform), path)
+    save_bundle(bundle_to_dict(actuator, platform, extra), path)
     return str(path)
 
 
 def test_a_motor_not_read_this_cycle_keeps_its_last_reading() -> None:
-    held = {"q": np.full(2, np.nan, dtype=np.float32)}
-    hold_last_valid(held, {"q": np.array([1.0, 2.0])}, np.array([True, True]))
-    hold_last_valid(held, {"q": np.array([3.0, np.nan])}, np.array([True, False]))
-    np.testing.assert_array_equal(held["q"], [3.0, 2.0])
-    hold_last_valid(held, {"q": np.array([9.0, 7.0])}, np.array([False, True]))
-    np.testing.assert_array_equal(held["q"], [3.0, 7.0])
+    """The live loop's window (StreamingWindow with the bundle's filters) holds a motor's
+    last valid reading; before its first reading the motor reads 0."""
+    window = StreamingWindow(["q"], 3, 2, filters=input_filter_spec(1))
+    window.push({"q": np.array([np.nan, 2.0])}, valid=np.array([False, True]))
+    window.push({"q": np.array([3.0, np.nan])}, valid=np.array([True, False]))
+    window.push({"q": np.array([9.0, 7.0])}, valid=np.array([False, True]))
+    np.testing.assert_array_equal(window.tensors()["q"][0].numpy(),
+                                  [[0.0, 2.0], [3.0, 2.0], [3.0, 7.0]])
 
 
 def test_live_streams_forces_from_an_emulated_arm(tmp_path) -> None:
@@ -166,3 +170,63 @@ def test_live_streams_an_exported_model_like_its_checkpoint(tmp_path) -> None:
     rows = list(csv.DictReader((tmp_path / "ts.csv").open()))
     assert code == 0 and len(rows) == round(0.3 * omx.fps)
     assert all(np.isfinite(float(r["fz"])) and 0 <= float(r["gate"]) <= 1 for r in rows)
+
+
+class Tap:
+    """The real bus, passed through; keeps every frame the live loop read."""
+
+    def __init__(self, bus) -> None:
+        self.bus, self.frames = bus, []
+
+    def read(self):
+        frame = self.bus.read()
+        self.frames.append(frame)
+        return frame
+
+    def write_goal(self, q) -> None:
+        self.bus.write_goal(q)
+
+
+def test_the_live_loop_gives_what_infer_gives_on_the_telemetry_it_read(tmp_path) -> None:
+    """LiveLoop against an emulated arm whose joint3 servo stops answering mid-run: every
+    row (force, gate, condition) equals `infer`'s estimate for that frame of the telemetry
+    the loop read, the frames without joint3 included (the checkpoint's input filters both
+    ways: hold-last-valid, temperature median)."""
+    from nactuator.control.live import LiveLoop
+    from nactuator.data import Episode
+    from nactuator.eval.episodes import filter_episode
+    from nactuator.eval.infer import predict_episodes
+    from nactuator.hardware.bus import open_bus
+    from nactuator.models import load_actuator
+
+    spec = input_filter_spec(11, "hold_last_valid")
+    actuator, meta = load_actuator(untrained_bundle(tmp_path / "omx.pt", "omx", 5,
+                                                    {"input_filters": spec}))
+    assert meta["input_filters"] == spec
+    # A dead servo costs reply timeouts until it counts as absent: keep them short here.
+    omx = with_hardware(load_platform("omx"), rx_timeout_ms=100.0, reply_timeout_ms=100.0,
+                        dead_after_failures=2)
+    with Emulator("dynamixel", "omx", seed=3) as follower, open_bus(omx, follower.port) as bus:
+        bus.wait_ready()
+        tap = Tap(bus)
+        loop = LiveLoop(actuator, tap, omx, bus.read_goal(), input_filters=meta["input_filters"])
+        follower.after_reads(15, lambda: follower.set_dead(13))
+        rows = loop.run(1.0, sink=None)
+    read = tap.frames
+    valid = np.stack([f.valid for f in read])
+    first_lost = int(np.argmin(valid[:, 2]))
+    assert not valid[:, 2].all() and first_lost > 0  # joint3 was read, then lost
+    frames = {k: np.stack([getattr(f, k) for f in read]).astype(np.float32)
+              for k in ("q", "qd", "effort", "voltage", "temperature")}
+    frames["q_cmd"] = np.tile(loop.q_cmd, (len(read), 1)).astype(np.float32)
+    frames["telemetry_valid"] = valid.astype(np.float32)
+    recording = Episode(index=0, task="live", split="test", length=len(read),
+                        payload_mass=float("nan"), meta={}, frames=frames)
+    (offline,) = predict_episodes(actuator, [filter_episode(recording, spec)])
+    names = load_platform("omx").channel_names
+    live = {"force": [[r["fx"], r["fy"], r["fz"]] for r in rows],
+            "gate": [r["gate"] for r in rows],
+            "condition": [[r[f"condition_{c}"] for c in names] for r in rows]}
+    for key, values in live.items():
+        np.testing.assert_allclose(np.array(values), offline[key], atol=1e-5, err_msg=key)
+    assert [int(r["valid"]) for r in rows] == valid.all(axis=1).astype(int).tolist()

@@ -353,6 +353,7 @@ def test_validation_scores_whole_episodes_like_eval(so101_data, tmp_path):
     """`val/joint_mae_deg` is the eval protocol's arm mean over the whole episode."""
     from nactuator.data import read_dataset
     from nactuator.eval import metrics as M
+    from nactuator.eval.episodes import filter_episode
     from nactuator.eval.protocol import rollout as eval_rollout
     from nactuator.eval.protocol import score_episode
 
@@ -363,6 +364,7 @@ def test_validation_scores_whole_episodes_like_eval(so101_data, tmp_path):
     with torch.no_grad():
         metrics = module.rollout_metrics(module(batch), batch)
     (episode,) = [e for e in read_dataset(so101_data).episodes if e.split == "validation"]
+    episode = filter_episode(episode, dm.input_filters)  # the inputs `eval` gives the model
     scales, _ = M.channel_scales(["revolute"] * 6)
     (ro,) = eval_rollout(module.actuator, module.simulator, [episode])
     scores = score_episode(episode, ro, scales)
@@ -389,10 +391,15 @@ def test_checkpoint_bundle_and_resume(so101_data, tmp_path):
     assert bundle["platform"] == "so101"
     assert bundle["training_config"]["lr"] == pytest.approx(3e-3)
     assert bundle["training_config"]["loss"]["w_pos"] == 100.0
+    # The input filters the DataModule applied travel with the model.
+    assert bundle["input_filters"] == dm.input_filters
+    assert bundle["input_filters"]["missing"] == "hold_last_valid"
+    assert bundle["input_filters"]["median"] == {"temperature": 11}
 
     # Eval needs nothing but the file: EMA weights by default.
     actuator, meta = load_actuator(ckpt)
     assert meta["weights"] == "ema" and meta["platform"] == "so101"
+    assert meta["input_filters"] == dm.input_filters
     for k, v in module.ema.shadow.items():
         torch.testing.assert_close(actuator.state_dict()[k], v)
 

@@ -14,7 +14,12 @@ recorded state: nothing was simulated there), asks the actuator for an effort, a
 the simulator to the state of frame ``s + i + 1``. Gradients flow back through every step
 (BPTT) when the caller lets them; evaluation runs the same code under ``torch.no_grad``.
 
-This module imports only torch: the actuator and the simulator step are callables.
+**Inputs.** Windows hold telemetry as the input filters (:mod:`nactuator.input_filters`,
+the spec in the actuator bundle) left it: offline callers filter whole episodes first,
+:class:`StreamingWindow` filters each pushed frame with the same function.
+
+This module imports only torch, numpy and the input filters: the actuator and the simulator
+step are callables.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from nactuator.input_filters import FilterState, check_spec, filter_inputs
 
 __all__ = [
     "RECORDED_KEYS",
@@ -88,13 +95,19 @@ class StreamingWindow:
     """The window of a live stream: :meth:`push` one frame, read the (1, L, n) tensors.
 
     Identical to :func:`causal_windows` on the frames pushed so far (zeros flagged as
-    padding until L frames exist). On the CPU the tensors handed out are views of one
+    padding until L frames exist). With ``filters`` (the bundle's input filter spec) each
+    pushed frame first goes through :func:`nactuator.input_filters.filter_inputs`, the
+    function training and ``infer`` run over whole episodes, with the stream's state
+    carried from push to push. On the CPU the tensors handed out are views of one
     (K, L, n) buffer, so a cycle copies nothing but the new row.
     """
 
     def __init__(self, keys: Sequence[str], window_length: int, n: int,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu",
+                 filters: Mapping[str, object] | None = None) -> None:
         _frames_before(window_length)
+        self.filters = None if filters is None else check_spec(filters)
+        self._filter_state: FilterState | None = None
         self.keys, self.window_length, self.n = list(keys), int(window_length), n
         self.data = np.zeros((len(self.keys), self.window_length, n), dtype=np.float32)
         self.count = 0
@@ -106,9 +119,17 @@ class StreamingWindow:
         self._pad = torch.ones(1, self.window_length, dtype=torch.bool, device=self.device)
         self._views["pad"] = self._pad
 
-    def push(self, values: Mapping[str, np.ndarray]) -> None:
-        """Append the newest frame (``values[key]`` of shape (n,), NaN reads as 0)."""
-        row = np.stack([np.asarray(values[k], dtype=np.float32) for k in self.keys])
+    def push(self, values: Mapping[str, np.ndarray], valid: np.ndarray | None = None) -> None:
+        """Append the newest frame (``values[key]`` of shape (n,)); ``valid`` (n,) is 1
+        where the motor was read this cycle (default: all). The frame goes through the
+        input filters if the window has them; NaN reads as 0."""
+        frame = {k: np.asarray(values[k], dtype=np.float32).reshape(1, self.n)
+                 for k in self.keys}
+        if self.filters is not None:
+            if valid is not None:
+                frame["telemetry_valid"] = np.asarray(valid).reshape(1, self.n)
+            frame, self._filter_state = filter_inputs(frame, self.filters, self._filter_state)
+        row = np.stack([frame[k][0] for k in self.keys])
         self.data[:, :-1] = self.data[:, 1:]
         self.data[:, -1] = np.nan_to_num(row, nan=0.0)
         self.count += 1

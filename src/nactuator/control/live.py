@@ -10,8 +10,11 @@ elapsed, Ctrl-C, SIGTERM, an error — closing the bus switches torque off.
 
 Window rules (:class:`nactuator.rollout.StreamingWindow`, the window training and
 ``infer`` use): before L frames exist the missing frames are zeros flagged as padding
-(``warm`` is 0 on those rows); a motor whose telemetry was not read this cycle keeps its
-last valid values *in the model input only* (the row says ``valid = 0``).
+(``warm`` is 0 on those rows). Each frame goes through the checkpoint's input filters
+(:mod:`nactuator.input_filters`, the function training ran over whole episodes), fed
+frame by frame: a motor whose telemetry was not read this cycle gets the checkpoint's fill
+rule (its last valid reading for models trained since the rule was recorded) *in the model
+input only* (the row says ``valid = 0``), and temperature its trailing running median.
 """
 
 from __future__ import annotations
@@ -35,16 +38,7 @@ from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import StreamingWindow
 from nactuator.viewer import Viewer, open_viewer
 
-__all__ = ["LiveLoop", "StatusLine", "hold_last_valid", "run_live", "summarize_timings"]
-
-
-def hold_last_valid(held: dict[str, np.ndarray], values: dict[str, np.ndarray],
-                    valid: np.ndarray) -> None:
-    """Update ``held[key]`` (n,) in place with the motors read this cycle (``valid`` and
-    finite); a motor not read keeps its last reading (NaN, read as 0, until it has one)."""
-    for key, last in held.items():
-        fresh = np.asarray(values[key], dtype=np.float32)
-        np.copyto(last, fresh, where=valid & np.isfinite(fresh))
+__all__ = ["LiveLoop", "StatusLine", "run_live", "summarize_timings"]
 
 
 # What one live cycle provides to the model's window (LiveLoop.cycle).
@@ -55,14 +49,15 @@ class LiveLoop:
     """One bus + one actuator; :meth:`cycle` does read -> infer -> write once."""
 
     def __init__(self, actuator: torch.nn.Module, bus: TelemetryBus, platform: Platform,
-                 q_hold: np.ndarray, device: str = "cpu", viewer: Viewer | None = None) -> None:
+                 q_hold: np.ndarray, device: str = "cpu", viewer: Viewer | None = None,
+                 input_filters: dict | None = None) -> None:
         self.actuator, self.bus, self.platform = actuator, bus, platform
         self.viewer = viewer  # Rerun (--rrd / --display): one log_frame per cycle
         self.q_cmd = np.asarray(q_hold, dtype=float)
+        # input_filters: the checkpoint's (load_actuator's meta["input_filters"]); None feeds
+        # the raw frames (NaN as 0), for benches of untrained models only.
         self.window = StreamingWindow(actuator.inputs, actuator.window_length, platform.n,
-                                      device)
-        # The last valid reading of each input channel per motor (NaN until one exists).
-        self.held = {k: np.full(platform.n, np.nan, dtype=np.float32) for k in actuator.inputs}
+                                      device, filters=input_filters)
         self.t0: float | None = None  # time of the first frame; rows carry t - t0
         names = platform.channel_names
         self.columns = (["t", "fx", "fy", "fz", "gate"] + [f"condition_{c}" for c in names]
@@ -75,8 +70,7 @@ class LiveLoop:
         t1 = time.perf_counter()
         values = {"q_cmd": self.q_cmd, "q": frame.q, "qd": frame.qd, "effort": frame.effort,
                   "voltage": frame.voltage, "temperature": frame.temperature}
-        hold_last_valid(self.held, values, frame.valid)
-        self.window.push(self.held)
+        self.window.push(values, valid=frame.valid)
         with torch.inference_mode():
             out = self.actuator(self.window.tensors())
         force = out["force"][0].cpu().numpy()
@@ -232,7 +226,8 @@ def run_live(ckpt: str | Path, platform: str | Platform, port: str,
     with sigterm_as_interrupt(), open_bus(p, port, calibration) as bus:
         hold = bus.read_goal()
         bus.wait_ready()
-        loop = LiveLoop(actuator, bus, p, hold, device, viewer)
+        loop = LiveLoop(actuator, bus, p, hold, device, viewer,
+                        input_filters=meta["input_filters"])
         if out is None:
             sink_file: TextIO = sys.stdout
             partial = None

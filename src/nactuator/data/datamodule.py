@@ -35,7 +35,8 @@ from nactuator.data.folds import fold_splits
 from nactuator.data.reader import read_dataset
 from nactuator.data.references import LinearForceReference
 from nactuator.data.schema import SPLITS, DataFormatError
-from nactuator.data.stats import median_within_episodes, norm_stats
+from nactuator.data.stats import norm_stats
+from nactuator.input_filters import MISSING_RULES, filter_inputs, input_filter_spec
 from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import WINDOW_LENGTH
 
@@ -146,9 +147,15 @@ class NADDataModule(L.LightningDataModule):
         samples_per_epoch: training segments drawn (with replacement) per epoch; ``None``
             draws every valid start once, in a seeded random order.
         seed: seeds the training order (epoch e uses ``default_rng([seed + rank, e])``).
-        temperature_median: odd window (frames) of the running median applied to
-            temperature before use; removes telemetry glitches (single frames and bursts of
-            up to window // 2 frames). 1 serves the raw values.
+        temperature_median: odd window (frames) of the causal running median applied to
+            temperature before use (the current frame and the window - 1 before it);
+            removes telemetry glitches (single frames and bursts of up to window // 2
+            frames). 1 serves the raw values.
+        missing_telemetry: what a motor's telemetry reads as on a frame where it was not
+            read (``telemetry_valid`` = 0): ``hold_last_valid`` (its last valid reading, what
+            the live loop can serve causally) or ``zero``. With ``temperature_median`` this
+            makes the input filter spec (:attr:`input_filters`,
+            :mod:`nactuator.input_filters`) the checkpoint carries to eval, infer and live.
         eval_batch_size: whole episodes per validation/test batch (default: all of them).
         cv_folds, cv_fold: serve fold ``cv_fold`` of a ``cv_folds``-fold cross-validation
             by trajectory instead of the stored splits (:mod:`nactuator.data.folds`: the
@@ -165,6 +172,7 @@ class NADDataModule(L.LightningDataModule):
         samples_per_epoch: int | None = None,
         seed: int = 0,
         temperature_median: int = 11,
+        missing_telemetry: str = "hold_last_valid",
         eval_batch_size: int | None = None,
         cv_folds: int | None = None,
         cv_fold: int = 0,
@@ -195,6 +203,10 @@ class NADDataModule(L.LightningDataModule):
             raise ValueError(f"temperature_median must be a positive odd number of frames, "
                              f"got {temperature_median}")
         self.temperature_median = int(temperature_median)
+        if missing_telemetry not in MISSING_RULES:
+            raise ValueError(f"missing_telemetry must be one of {list(MISSING_RULES)}, got "
+                             f"{missing_telemetry!r}")
+        self.input_filters = input_filter_spec(self.temperature_median, missing_telemetry)
         self.cv = None if cv_folds is None else (int(cv_folds), int(cv_fold))
         self.epoch = 0  # the epoch used when no Trainer is attached
         self.force_reference: LinearForceReference | None = None  # set when loaded
@@ -316,11 +328,12 @@ class NADDataModule(L.LightningDataModule):
                                 splits[(pos, e.index)], e.length, e.payload_mass)
                 )
                 frames = with_command_channels(e, f"{ds.root}: episode {e.index}").frames
-                parts.append(frames)
                 for key in _MODEL_INPUTS:
                     recorded[key] |= np.isfinite(frames[key]).any(axis=0)
                 for key in complete:
                     complete[key] &= np.isfinite(frames[key]).all(axis=0)
+                # What the model sees, by the function eval, infer and live also run.
+                parts.append(filter_inputs(frames, self.input_filters)[0])
             for key, ok in complete.items():
                 recorded[key] &= ok
             self._unrecorded[str(ds.root)] = {
@@ -334,9 +347,6 @@ class NADDataModule(L.LightningDataModule):
                   ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "force",
                    "condition", "payload_mass", *COMMAND_KEYS, *EXOGENOUS_KEYS)}
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        frames["temperature"] = median_within_episodes(
-            frames["temperature"], starts, lengths, self.temperature_median
-        )
 
         force_linear = self._linear_force(episodes, parts, frames, starts, lengths)
 

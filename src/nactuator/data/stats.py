@@ -1,14 +1,12 @@
-"""Normalisation statistics and the per-episode signal clean-up the DataModule applies.
-
-Both operate on the DataModule's concatenated frame arrays with an episode table
-(``starts``, ``lengths``), fully vectorised.
+"""Normalisation statistics over the DataModule's concatenated frame arrays (the input
+filters, :mod:`nactuator.input_filters`, have run on them already), fully vectorised.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["NORM_KEYS", "OPTIONAL_NORM_KEYS", "STD_FLOOR", "median_within_episodes", "norm_stats"]
+__all__ = ["NORM_KEYS", "OPTIONAL_NORM_KEYS", "STD_FLOOR", "norm_stats"]
 
 NORM_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
 # Exogenous inputs of counterfactual models (nactuator.data.commands), normalised when the
@@ -17,30 +15,6 @@ OPTIONAL_NORM_KEYS = ("supply_voltage", "initial_temperature")
 # Below this a channel is treated as constant (std := 1), so dividing by std can't blow up
 # a channel that never moved in the training split (e.g. an unused gripper).
 STD_FLOOR = 1e-6
-
-
-def median_within_episodes(
-    x: np.ndarray, starts: np.ndarray, lengths: np.ndarray, window: int = 5
-) -> np.ndarray:
-    """Running median over ``window`` frames along time, never reaching across episodes.
-
-    Removes the isolated spikes in servo temperature telemetry (a 95-150 degC sample in a
-    35 degC stream; runs of up to ``window // 2`` bad frames) while keeping steps and slow
-    drifts. Near an episode's ends the window is clamped to the episode (edge frames
-    repeat). ``window`` <= 1 returns a copy.
-    """
-    if window <= 1 or len(x) == 0:
-        return x.copy()
-    if window % 2 == 0:
-        raise ValueError(f"median window must be odd, got {window}")
-    first = np.repeat(starts, lengths)
-    last = first + np.repeat(lengths, lengths) - 1
-    rows = np.arange(len(x))
-    half = window // 2
-    shifted = np.stack(
-        [x[np.clip(rows + d, first, last)] for d in range(-half, half + 1)], axis=0
-    )
-    return np.median(shifted, axis=0).astype(x.dtype)
 
 
 def norm_stats(frames: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, dict[str, list]]:

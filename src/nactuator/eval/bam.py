@@ -32,7 +32,7 @@ from nactuator.child import run_nactuator
 from nactuator.data import Episode
 from nactuator.data.importers import import_bam
 from nactuator.errors import UserError
-from nactuator.eval.episodes import load_episodes
+from nactuator.eval.episodes import filter_episode, load_episodes
 from nactuator.eval.protocol import model_inputs
 from nactuator.models import load_actuator
 from nactuator.platforms import conf_dir, load_platform
@@ -148,7 +148,9 @@ def score_bam(ckpt: str | os.PathLike, data: str | os.PathLike, out: str | os.Pa
     episodes = sorted(load_episodes(data, platform, split), key=lambda e: e.meta.get("source", ""))
     if not episodes:
         raise BenchError(f"{data}: no {split} logs to score")
-    sims = rollout_logs(actuator, Simulator(platform, device=device), episodes)
+    # The model's inputs through its input filters, as in training; scored on the raw log.
+    model_view = [filter_episode(ep, meta["input_filters"]) for ep in episodes]
+    sims = rollout_logs(actuator, Simulator(platform, device=device), model_view)
     per_log = []
     for ep, q_sim in zip(episodes, sims, strict=True):
         q = ep.frames["q"][:, 0]

@@ -16,22 +16,21 @@ from nactuator.data import Episode, read_dataset
 from nactuator.data.commands import with_command_channels
 from nactuator.data.folds import fold_splits
 from nactuator.data.references import force_labels
-from nactuator.data.stats import median_within_episodes
 from nactuator.errors import UserError
 from nactuator.eval.metrics import CONTACT_THRESHOLD_N
+from nactuator.input_filters import filter_inputs
 from nactuator.platforms import Platform
 
 __all__ = [
     "EvalDataError",
     "check_inputs",
     "condition_labels",
-    "filter_temperature",
+    "filter_episode",
     "force_labels",
     "is_no_contact",
     "load_episodes",
     "load_with_sources",
     "split_paths",
-    "temperature_window",
 ]
 
 
@@ -136,35 +135,10 @@ def check_inputs(episodes: Sequence[Episode], keys: Sequence[str],
                                     f"'{key}' but the data {what}")
 
 
-def temperature_window(meta: dict) -> int:
-    """The running-median window training applied to temperature (1 = raw values).
-
-    Read from the checkpoint's training config (``data.temperature_median``) so a model is
-    always fed the telemetry it was trained on; a bare bundle without one gets raw values.
-    """
-    config = meta.get("training_config") or {}
-    window = (config.get("data") or {}).get("temperature_median", 1)
-    if not isinstance(window, int) or window < 1 or window % 2 == 0:
-        raise EvalDataError(f"checkpoint training config data.temperature_median must be a "
-                            f"positive odd integer, got {window!r}")
-    return window
-
-
-def filter_temperature(ep: Episode, window: int, causal: bool = False) -> Episode:
-    """A copy of ``ep`` whose temperature went through the training's running median.
-
-    ``causal=False`` is the DataModule's centred median (offline evaluation, exactly the
-    training input). ``causal=True`` uses only the current and past ``window`` frames, for
-    the deployment path, where a centred window would peek ``window // 2`` frames ahead.
-    """
-    if window <= 1 or "temperature" not in ep.frames:
-        return ep
-    x = np.asarray(ep.frames["temperature"])
-    if causal:
-        rows = np.arange(len(x))
-        x = np.median(np.stack([x[np.clip(rows - d, 0, None)] for d in range(window)]), axis=0)
-    else:
-        x = median_within_episodes(x, np.array([0]), np.array([len(x)]), window)
-    frames = {**ep.frames, "temperature": x.astype(np.float32)}
+def filter_episode(ep: Episode, spec: dict) -> Episode:
+    """A copy of ``ep`` as the model sees it: its telemetry through the checkpoint's input
+    filters (``meta["input_filters"]`` from ``load_actuator``; the one causal function
+    training and the live loop run, :func:`nactuator.input_filters.filter_inputs`)."""
+    frames, _ = filter_inputs(ep.frames, spec)
     return Episode(index=ep.index, task=ep.task, split=ep.split, length=ep.length,
                    payload_mass=ep.payload_mass, meta=ep.meta, frames=frames)

@@ -19,12 +19,11 @@ from nactuator.data.references import LinearForceReference, is_worse, verdict
 from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
     EvalDataError,
-    filter_temperature,
+    filter_episode,
     is_no_contact,
     load_episodes,
     load_with_sources,
     split_paths,
-    temperature_window,
 )
 from nactuator.eval.infer import predict_episodes
 from nactuator.eval.plots import plot_force, plot_joints
@@ -60,9 +59,9 @@ def verdict_figures(mean: dict, arm: list[int]) -> dict[str, float]:
     return figures
 
 
-def _linear_reference(data, platform, window: int,
+def _linear_reference(data, platform, filters: dict,
                       cv: tuple[int, int] | None) -> tuple[LinearForceReference | None, dict]:
-    train = [filter_temperature(ep, window)
+    train = [filter_episode(ep, filters)
              for ep in load_episodes(data, platform, "train", cv)]
     if not train:
         return None, {"unavailable": "the dataset has no train split to fit it on"}
@@ -97,8 +96,7 @@ def _compare(ckpt, platform, recorded, per_episode, scales, horizons, device) ->
     if meta["platform"] != platform.name:
         raise EvalDataError(f"--compare {ckpt} is for platform {meta['platform']!r}, the "
                             f"evaluated checkpoint for {platform.name!r}")
-    window = temperature_window(meta)
-    episodes = [filter_temperature(ep, window) for _, ep in recorded]
+    episodes = [filter_episode(ep, meta["input_filters"]) for _, ep in recorded]
     rollouts = rollout(other, Simulator(platform, device=device), episodes, device=device)
     for row, ep, ro in zip(per_episode, episodes, rollouts, strict=True):
         q_true = ep.frames["q"][1:].astype("float64")
@@ -145,23 +143,23 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     if actuator.n_motors != platform.n:
         raise EvalDataError(f"{ckpt}: the model drives {actuator.n_motors} motors but platform "
                             f"{platform.name!r} has {platform.n}")
-    # The model sees temperature exactly as in training (the DataModule's running median).
-    window = temperature_window(meta)
+    # The model sees its inputs exactly as in training and live (the bundle's causal input
+    # filters), in the rollout and on the recorded-state (infer) path alike.
+    filters = meta["input_filters"]
     recorded = load_with_sources(data, platform, split, cv)
-    sources = [(path, filter_temperature(ep, window)) for path, ep in recorded]
+    sources = [(path, filter_episode(ep, filters)) for path, ep in recorded]
     episodes = [ep for _, ep in sources]
     if not episodes:
         where = ", ".join(str(p) for p in split_paths(data))
         raise EvalDataError(f"{where}: no episodes in split {split!r}")
-    linear, linear_info = _linear_reference(data, platform, window, cv)
+    linear, linear_info = _linear_reference(data, platform, filters, cv)
 
     scales, units = M.channel_scales([c.kind for c in platform.channels])
     sim = Simulator(platform, device=device)
     # Every episode of the split in one batch (eval mode, no autograd: deterministic).
     rollouts = rollout(actuator, sim, episodes, device=device)
-    # The deployment path on the same episodes: recorded state, causal temperature filter.
-    causal = predict_episodes(actuator, [filter_temperature(ep, window, causal=True)
-                                         for _, ep in recorded])
+    # The deployment path on the same episodes and inputs: recorded state, no simulator.
+    causal = predict_episodes(actuator, episodes)
 
     paths = split_paths(data)
     per_episode = []
@@ -217,10 +215,10 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
                      for c, u in zip(platform.channels, units, strict=True)],
         "arm_indices": platform.arm_indices,
         "references": {"command_following": {"definition": "q[i+1] predicted as q_cmd[i]"},
-                       "model_causal": {"definition": "the model on recorded state, causal "
-                                        "temperature filter: the `infer`/`live` path"},
+                       "model_causal": {"definition": "the model on recorded state (no "
+                                        "simulator): the `infer`/`live` path"},
                        "linear_regression": linear_info},
-        "temperature_median": window,
+        "input_filters": filters,
         **({"baselines": baseline_result} if baseline_result is not None else {}),
         "notes": notes,
         "verdict": {"line": verdict(figures, "linear regression"),

@@ -1,7 +1,8 @@
 """``infer``: the deployment path — force, contact gate and condition from telemetry alone.
 
 No simulator: every frame's window is the *recorded* commands, state and telemetry of the
-last L frames (:func:`nactuator.rollout.causal_windows`: zero-padded before the episode
+last L frames, after the checkpoint's input filters (:mod:`nactuator.input_filters`)
+(:func:`nactuator.rollout.causal_windows`: zero-padded before the episode
 start, as in training), so each estimate
 uses only what a live robot would have seen up to that frame. All windows of all episodes
 go through the network in large batches.
@@ -24,12 +25,11 @@ from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
     EvalDataError,
     check_inputs,
-    filter_temperature,
+    filter_episode,
     force_labels,
     is_no_contact,
     load_episodes,
     split_paths,
-    temperature_window,
 )
 from nactuator.models import load_model
 from nactuator.platforms import load_platform
@@ -42,7 +42,8 @@ BATCH_SIZE = 4096  # windows per forward pass; ~1-2 MB of input, fast on any CPU
 
 def predict_episodes(actuator, episodes: Sequence[Episode],
                      batch_size: int = BATCH_SIZE) -> list[dict[str, np.ndarray]]:
-    """Per episode: ``force`` (T, 3), ``gate`` (T,), ``condition`` (T, n) for every frame.
+    """Per episode: ``tau`` (T, n), ``force`` (T, 3), ``gate`` (T,), ``condition`` (T, n)
+    for every frame.
 
     Runs in eval mode (no dropout) without autograd; the actuator's mode is restored.
     """
@@ -64,10 +65,11 @@ def _predict(actuator, episodes: Sequence[Episode],
     total = stacked[keys[0]].shape[0]
     # An exported model (models.exported) has no parameters and runs on the CPU.
     device = next((p.device for p in actuator.parameters()), torch.device("cpu"))
-    outs = {"force": [], "gate": [], "condition": []}
+    outs = {"tau": [], "force": [], "gate": [], "condition": []}
     for start in range(0, total, batch_size):
         window = {k: v[start:start + batch_size].to(device) for k, v in stacked.items()}
         out = actuator(window)
+        outs["tau"].append(out["tau"].float().cpu())
         outs["force"].append(out["force"].float().cpu())
         outs["gate"].append(out["gate"].reshape(-1).float().cpu())
         outs["condition"].append(out["condition"].float().cpu())
@@ -100,9 +102,8 @@ def infer(ckpt: str | os.PathLike, data, split: str | None = None,
     if not episodes:
         where = ", ".join(str(p) for p in split_paths(data))
         raise EvalDataError(f"{where}: no episodes in split {split!r}")
-    # Temperature as in training, but through a trailing median: nothing from the future.
-    window = temperature_window(meta)
-    episodes = [filter_temperature(ep, window, causal=True) for ep in episodes]
+    # The inputs as in training and live: the checkpoint's causal input filters.
+    episodes = [filter_episode(ep, meta["input_filters"]) for ep in episodes]
     t1 = time.perf_counter()
     preds = predict_episodes(actuator, episodes)
     model_s = time.perf_counter() - t1

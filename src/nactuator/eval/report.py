@@ -124,8 +124,8 @@ def markdown_report(result: Mapping) -> str:
         "frame i (the window's current frame, as in training); MAE @W = mean over the first "
         "W steps; mean over each task's episodes, then over tasks.",
         "- force: mean over the 3 axes and time, unlabelled → 0 N (the reference convention).",
-        f"- temperature through the training's running median of "
-        f"{result.get('temperature_median', 1)} frame(s) (1 = raw), for model and reference.",
+        f"- inputs through the checkpoint's causal input filters, for model and reference: "
+        f"{_describe_filters(result.get('input_filters'))}.",
     ]
     lin = result["references"]["linear_regression"]
     if "unavailable" in lin:
@@ -294,3 +294,12 @@ def baseline_report(result: Mapping) -> list[str]:
                      f"({info.get('train_positives')} degraded). The model's window score is "
                      "the mean of 1 − c over the window's frames.")
     return lines
+
+
+def _describe_filters(spec: dict | None) -> str:
+    """One phrase for the input filter spec (nactuator.input_filters) in metrics.json."""
+    if not spec:
+        return "none recorded"
+    median = ", ".join(f"{k} running median of {w} frames (trailing)"
+                       for k, w in spec.get("median", {}).items()) or "no running median"
+    return f"missing telemetry {spec.get('missing')}; {median}"

@@ -70,6 +70,9 @@ def export_metadata(actuator: NeuralActuator, meta: dict[str, Any]) -> dict[str,
         # What the model was trained on (e.g. data.temperature_median): the runner feeds
         # the telemetry through the same filters as for the checkpoint.
         "training_config": json_safe(meta.get("training_config")),
+        # How the model's inputs are filtered (nactuator.input_filters): infer and live
+        # apply the same spec to an export as to its checkpoint.
+        "input_filters": meta.get("input_filters"),
     }
     if platform is not None:
         metadata["units"] = export_units(load_platform(platform), actuator.inputs)

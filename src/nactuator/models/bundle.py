@@ -22,12 +22,13 @@ from torch import nn
 
 from nactuator.atomic import atomic_path
 from nactuator.errors import UserError
+from nactuator.input_filters import InputFilterError, check_spec, legacy_spec
 from nactuator.model_files import CHECKPOINT, model_kind
 from nactuator.models.actuator import NeuralActuator
 
 BUNDLE_FORMAT = "nactuator-actuator/1"
 CHECKPOINT_KEY = "nactuator"
-_RESERVED = ("ema_state_dict", "training_config")
+_RESERVED = ("ema_state_dict", "training_config", "input_filters")
 
 
 class BundleError(UserError, ValueError):
@@ -62,8 +63,10 @@ def bundle_to_dict(actuator: NeuralActuator, platform: str,
                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The bundle of ``actuator`` for ``platform``.
 
-    ``extra`` may hold ``ema_state_dict`` (state dict or module) and ``training_config``
-    (the resolved training config, plain data); any other keys are kept under ``extra``.
+    ``extra`` may hold ``ema_state_dict`` (state dict or module), ``training_config``
+    (the resolved training config, plain data) and ``input_filters`` (the DataModule's
+    input filter spec, :mod:`nactuator.input_filters`: how the model's inputs were
+    filtered); any other keys are kept under ``extra``.
     """
     if not isinstance(actuator, NeuralActuator):
         raise TypeError(f"bundle_to_dict needs a NeuralActuator, got {type(actuator).__name__}")
@@ -71,6 +74,7 @@ def bundle_to_dict(actuator: NeuralActuator, platform: str,
         raise ValueError(f"platform must be a platform name such as 'omx', got {platform!r}")
     extra = dict(extra or {})
     ema = extra.get("ema_state_dict")
+    filters = extra.get("input_filters")
     return {
         "format": BUNDLE_FORMAT,
         "platform": platform,
@@ -84,6 +88,8 @@ def bundle_to_dict(actuator: NeuralActuator, platform: str,
         "state_dict": _cpu_state(actuator.state_dict()),
         "ema_state_dict": None if ema is None else _ema_state(ema, actuator),
         "training_config": extra.get("training_config"),
+        # None (a bundle built without a DataModule): readers use legacy_spec.
+        "input_filters": None if filters is None else check_spec(filters),
         "extra": {k: v for k, v in extra.items() if k not in _RESERVED},
     }
 
@@ -175,7 +181,8 @@ def load_actuator(source: str | os.PathLike | Mapping, use_ema: bool = True,
     meta = {k: bundle.get(k) for k in ("format", "platform", "features", "n_motors",
                                        "norm_stats", "model_config", "training_config",
                                        "extra")}
-    meta.update(weights=weights, source=where, mode=actuator.mode)
+    meta.update(weights=weights, source=where, mode=actuator.mode,
+                input_filters=_input_filters(bundle, where))
     return actuator, meta
 
 
@@ -198,3 +205,12 @@ def load_model(source: str | os.PathLike | Mapping, use_ema: bool = True,
     from nactuator.models.exported import load_exported
 
     return load_exported(source, kind, expect_platform)
+def _input_filters(bundle: Mapping, where: str) -> dict[str, Any]:
+    """The bundle's input filter spec; for a bundle saved before they carried one, the
+    spec that reproduces its training inputs (:func:`nactuator.input_filters.legacy_spec`)."""
+    try:
+        if bundle.get("input_filters") is not None:
+            return check_spec(bundle["input_filters"], f"{where}: input_filters")
+        return legacy_spec(bundle.get("training_config"))
+    except InputFilterError as err:
+        raise BundleError(f"{where}: {err}") from err

@@ -589,12 +589,15 @@ class NeuralActuatorModule(L.LightningModule):
         return _plain(config)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
         checkpoint["nactuator"] = bundle_to_dict(
             self.actuator,
             platform=self.platform.name,
             extra={
                 "ema_state_dict": self.ema.averaged_state_dict(self.actuator),
                 "training_config": self.training_config(),
+                # how the DataModule filtered the inputs: eval, infer and live do the same
+                "input_filters": getattr(datamodule, "input_filters", None),
             },
         )
         checkpoint["nactuator_training"] = {
