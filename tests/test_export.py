@@ -312,13 +312,14 @@ def test_infer_gives_the_checkpoints_outputs_with_every_export(deployed):
             <= INT8_PROBABILITY_TOLERANCE
 
 
-def test_the_temperature_filter_of_training_travels_with_the_export(deployed):
-    from nactuator.eval.episodes import temperature_window
+def test_the_input_filters_of_training_travel_with_the_export(deployed):
     from nactuator.models import load_model
 
-    for path in (deployed["ckpt"], *deployed["files"].values()):
+    _, reference = load_model(deployed["ckpt"])
+    assert reference["input_filters"]["median"] == {"temperature": 5}
+    for path in deployed["files"].values():
         _, meta = load_model(path)
-        assert temperature_window(meta) == 5, path
+        assert meta["input_filters"] == reference["input_filters"], path
         assert meta["platform"] == "so101" and meta["mode"] == "telemetry"
 
 
