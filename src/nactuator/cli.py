@@ -23,7 +23,8 @@ def _sim_check(a: argparse.Namespace) -> int:
 def _data_import_nad(a: argparse.Namespace) -> int:
     from nactuator.data.importers import import_nad
 
-    print(import_nad(a.src, a.out, platform=a.platform, allow_duplicates=a.allow_duplicates))
+    print(import_nad(a.src, a.out, platform=a.platform, allow_duplicates=a.allow_duplicates,
+                     task=a.task, split=a.split))
     return 0
 
 
@@ -215,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--platform", default=None, help="default: detected from the CSV header")
     s.add_argument("--allow-duplicates", action="store_true",
                    help="import files whose content (sha256) is already in the dataset")
+    s.add_argument("--task", default=None, metavar="NAME",
+                   help="task label for your own CSVs outside the NAD folder layout: SRC is "
+                        "one CSV or a flat folder of them (needs --split; payload grams are "
+                        "read from the name, e.g. push_200g)")
+    s.add_argument("--split", default=None, choices=["train", "validation", "test"],
+                   help="split of those CSVs (needs --task)")
     s.set_defaults(func=_data_import_nad)
     s = dsub.add_parser("import-bam", help="import BAM XL330 pendulum JSON logs")
     s.add_argument("src", help="a BAM raw JSON log or a folder of them")
