@@ -37,3 +37,46 @@ def test_top_level_help_lists_every_command_on_one_line(capsys):
     text = capsys.readouterr().out
     for command in ("train", "eval", "cv", "infer", "record", "live", "data", "sim-check"):
         assert f"    {command} " in text or f"    {command}\n" in text, command
+
+
+def _help(argv: list[str], capsys) -> str:
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit:
+        pass
+    return capsys.readouterr().out
+
+
+def _example(text: str) -> list[str]:
+    lines = text.splitlines()
+    return lines[lines.index("example:") + 1].split()
+
+
+def test_train_help_says_how_lightning_options_pass_through(capsys):
+    from nactuator.platforms import conf_dir
+
+    text = _help(["train", "--help"], capsys)
+    for option in ("--config YAML", "--trainer.KEY=VALUE", "--model.KEY=VALUE",
+                   "--data.KEY=VALUE", "--logger", "nactuator fit --help"):
+        assert option in text, option
+    # The example parses: train's own options are taken, the rest is handed to `fit`.
+    example = _example(text)
+    assert example[:2] == ["nactuator", "train"]
+    a, rest = build_parser().parse_known_args(example[1:])
+    assert a.command == "train" and a.platform == "so101" and a.passthrough
+    assert rest == ["--config", "conf/train/nad_so101.yaml", "--trainer.max_epochs=12",
+                    "--trainer.default_root_dir=runs/so101-nad"]
+    assert (conf_dir().parent / rest[1]).is_file()
+
+
+def test_cv_help_explains_the_double_dash(capsys):
+    from nactuator.platforms import conf_dir
+
+    text = _help(["cv", "--help"], capsys)
+    assert "everything after `--` goes to every fold's `nactuator train`" in text
+    example = _example(text)
+    a, rest = build_parser().parse_known_args(example[1:])
+    assert a.command == "cv" and a.max_folds == 2 and a.jobs == 2
+    passed = [x for x in rest if x != "--"]  # what _cv hands to every fold's train
+    assert passed == ["--config", "conf/train/nad_omx.yaml", "--trainer.max_epochs=12"]
+    assert (conf_dir().parent / passed[1]).is_file()

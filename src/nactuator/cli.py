@@ -189,6 +189,26 @@ def _fraction(text: str) -> float:
 PLATFORM_HELP = "platform name: so101, omx, franka or pendulum (conf/platform/<name>.yaml)"
 DEVICE_HELP = "cpu (default) or cuda[:i]"
 CKPT_HELP = "a checkpoint from `nactuator train`/`fit` (.ckpt) or a saved actuator bundle"
+# How `train` and `cv` pass the options they do not know on to LightningCLI `fit`.
+TRAIN_EPILOG = """\
+every other option goes unchanged to LightningCLI `fit`, after conf/base.yaml and
+conf/train/<platform>.yaml (later ones win):
+  --config YAML              a training recipe, e.g. conf/train/nad_so101.yaml (repeatable)
+  --trainer.KEY=VALUE        any Lightning Trainer argument, e.g. --trainer.max_epochs=12
+  --model.KEY=VALUE          the model and loss (docs/training.md), e.g. --model.width=64
+  --data.KEY=VALUE           the DataModule, e.g. --data.batch_size=8
+  --logger tensorboard|wandb|csv|none
+example:
+  nactuator train --platform so101 --data runs/data/so101-nad --config conf/train/nad_so101.yaml --trainer.max_epochs=12 --trainer.default_root_dir=runs/so101-nad
+every pass-through option with its default: nactuator fit --help
+"""
+CV_EPILOG = """\
+everything after `--` goes to every fold's `nactuator train` (and from there to LightningCLI
+`fit`: --config, --trainer.*, --model.*, --data.*; see `nactuator train --help`); cv sets
+each fold's --data.cv_folds/--data.cv_fold, --trainer.default_root_dir and --logger itself.
+example:
+  nactuator cv --platform omx --data runs/data/omx-nad --max-folds 2 --jobs 2 --out runs/cv/omx -- --config conf/train/nad_omx.yaml --trainer.max_epochs=12
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -252,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
                            add_help=False)
         s.set_defaults(func=_lightning, passthrough=True)
     s = sub.add_parser("train", help="train on a platform's default or given data "
-                       "(what `make train` runs); extra args go to LightningCLI fit")
+                       "(what `make train` runs); extra args go to LightningCLI fit",
+                       epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--platform", required=True, help=PLATFORM_HELP)
     s.add_argument("--data", default=None, help="dataset path(s), comma separated "
                    "(default: the platform's small synthetic dataset, generated once)")
@@ -280,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_eval)
 
     s = sub.add_parser("cv", help="k-fold cross-validation by trajectory of a training "
-                       "recipe: mean ± sd over folds; extra args go to `train`")
+                       "recipe: mean ± sd over folds; extra args go to `train`",
+                       epilog=CV_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--platform", required=True, help=PLATFORM_HELP)
     s.add_argument("--data", required=True, help="dataset path(s), comma separated")
     s.add_argument("--folds", type=int, default=None,
