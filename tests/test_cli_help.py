@@ -48,8 +48,16 @@ def _help(argv: list[str], capsys) -> str:
 
 
 def _example(text: str) -> list[str]:
+    """The command after "example:", joined over its backslash-continued lines."""
     lines = text.splitlines()
-    return lines[lines.index("example:") + 1].split()
+    k = lines.index("example:") + 1
+    words = []
+    while True:
+        line = lines[k].rstrip()
+        words += line.removesuffix("\\").split()
+        if not line.endswith("\\"):
+            return words
+        k += 1
 
 
 def test_train_help_says_how_lightning_options_pass_through(capsys):

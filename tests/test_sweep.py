@@ -127,8 +127,7 @@ def test_local_sweep_runs_offline_and_ranks(tmp_path, max_runs):
     table = run_sweep(str(sweep), max_runs=max_runs, out=str(out), extra_args=[
         "--trainer.max_epochs=1", "--data.samples_per_epoch=4", "--data.batch_size=4",
         "--data.horizon={0: 2}",
-        "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false"])
+        "--trainer.limit_val_batches=1"])
     results = json.loads((out / "results.json").read_text())
     runs = results["runs"]
     assert len(runs) == (max_runs or 2)
@@ -140,3 +139,8 @@ def test_local_sweep_runs_offline_and_ranks(tmp_path, max_runs):
     assert rows[0].split("|")[2].strip() == best["run"]
     assert (out / "results.md").read_text().strip() == table.strip()
     assert list((out / "run-000").rglob("wandb/offline-run-*")), "wandb ran offline"
+    # The run's output went to a log file: one line per epoch instead of a redrawn tqdm bar,
+    # and no Warp "no CUDA driver" notice on this CPU run.
+    log = (out / "run-000" / "log.txt").read_text()
+    assert "\r" not in log and "[nactuator] epoch 1/1, step 1: train/loss" in log
+    assert "Could not find or load the NVIDIA CUDA driver" not in log

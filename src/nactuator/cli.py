@@ -199,7 +199,9 @@ conf/train/<platform>.yaml (later ones win):
   --data.KEY=VALUE           the DataModule, e.g. --data.batch_size=8
   --logger tensorboard|wandb|csv|none
 example:
-  nactuator train --platform so101 --data runs/data/so101-nad --config conf/train/nad_so101.yaml --trainer.max_epochs=12 --trainer.default_root_dir=runs/so101-nad
+  nactuator train --platform so101 --data runs/data/so101-nad \\
+      --config conf/train/nad_so101.yaml --trainer.max_epochs=12 \\
+      --trainer.default_root_dir=runs/so101-nad
 every pass-through option with its default: nactuator fit --help
 """
 CV_EPILOG = """\
@@ -207,7 +209,8 @@ everything after `--` goes to every fold's `nactuator train` (and from there to 
 `fit`: --config, --trainer.*, --model.*, --data.*; see `nactuator train --help`); cv sets
 each fold's --data.cv_folds/--data.cv_fold, --trainer.default_root_dir and --logger itself.
 example:
-  nactuator cv --platform omx --data runs/data/omx-nad --max-folds 2 --jobs 2 --out runs/cv/omx -- --config conf/train/nad_omx.yaml --trainer.max_epochs=12
+  nactuator cv --platform omx --data runs/data/omx-nad --max-folds 2 --jobs 2 \\
+      --out runs/cv/omx -- --config conf/train/nad_omx.yaml --trainer.max_epochs=12
 """
 
 

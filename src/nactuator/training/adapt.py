@@ -388,10 +388,9 @@ def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence
     every result on the held-out episodes; returns ``adapt.md`` (also writes ``adapt.json``
     and ``adapt.png`` into ``out``). ``episodes``, ``held_out`` and ``held_out_runs``
     default to the ``adapt`` section of ``config`` (``conf/train/adapt.yaml``)."""
-    from tqdm import tqdm
-
     from nactuator.models import load_actuator
     from nactuator.platforms import load_platform
+    from nactuator.progress import progress_bar
 
     t0 = time.perf_counter()
     cfg = load_adapt_config(config)
@@ -430,7 +429,7 @@ def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence
 
     points: list[dict[str, Any]] = []
     time_curve: list[dict[str, Any]] = []
-    with tqdm(total=len(counts) + 1, desc=f"adapt {platform.name}", unit="run") as bar:
+    with progress_bar(total=len(counts) + 1, desc=f"adapt {platform.name}", unit="run") as bar:
         bar.set_postfix_str("scoring the checkpoint (N = 0)")
         base = _score(ckpt, held_data, out / "n_000" / "eval")
         if metric not in base:

@@ -209,7 +209,7 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
     Writes ``cv.json``, ``cv.md`` and ``cv.png`` into ``out`` (plus one folder per fold);
     returns ``cv.md``. ``max_folds`` runs only the first folds (a quicker, noisier look).
     """
-    from tqdm import tqdm
+    from nactuator.progress import progress_bar
 
     name = load_platform(platform).name
     paths = _data_paths(data)
@@ -222,7 +222,7 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
     t0 = time.perf_counter()
     done: dict[int, dict[str, Path]] = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool, \
-            tqdm(total=len(chosen), desc=f"cv {name} ({k} folds)", unit="fold") as bar:
+            progress_bar(total=len(chosen), desc=f"cv {name} ({k} folds)", unit="fold") as bar:
         futures = {pool.submit(_run_fold, name, paths, k, f, out, list(extra_args)): f
                    for f in chosen}
         for future in as_completed(futures):
