@@ -204,6 +204,17 @@ example:
       --trainer.default_root_dir=runs/so101-nad
 every pass-through option with its default: nactuator fit --help
 """
+LIVE_EPILOG = """\
+the status line on stderr (redrawn on a terminal, a line every 5 s in a log), e.g.
+  live  60.0 Hz | |f|   4.90 N (fx fy fz ...) gate 0.90 | 600 cycles, 3 incomplete, 1 lost
+  Hz          cycles per second over the last second; "—" until two cycles have run
+  |f|, gate   the latest estimate: force magnitude and axes [N], contact gate (0..1)
+  cycles      cycles run so far (one CSV row each)
+  incomplete  cycles in which at least one servo's telemetry was not read (the model keeps
+              that servo's last reading; the row has valid = 0): cabling, bus load, timeouts
+  lost        schedule slots skipped because a cycle overran its period: no row for them,
+              no burst to catch up; --seconds still gives round(seconds x fps) rows, later
+"""
 CV_EPILOG = """\
 everything after `--` goes to every fold's `nactuator train` (and from there to LightningCLI
 `fit`: --config, --trainer.*, --model.*, --data.*; see `nactuator train --help`); cv sets
@@ -456,7 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "follower telemetry in fewer of its frames (default 0.9)")
     s.set_defaults(func=_record)
 
-    s = sub.add_parser("live", help="live virtual force sensor on a servo bus")
+    s = sub.add_parser("live", help="live virtual force sensor on a servo bus",
+                       epilog=LIVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--ckpt", required=True, help=CKPT_HELP)
     s.add_argument("--platform", required=True, help=PLATFORM_HELP)
     s.add_argument("--port", required=True, help="serial port of the arm (or an emulator's pty)")
@@ -467,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after this long (default: until Ctrl-C)")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--quiet", action="store_true",
-                   help="no running status line on stderr (rate, force, dropped cycles)")
+                   help="no running status line on stderr (rate, force, gate, cycle counts)")
     s.set_defaults(func=_live)
     return p
 
