@@ -415,10 +415,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sweep", help="run a wandb-format sweep YAML locally (offline)")
     s.add_argument("file", help="sweep YAML (e.g. conf/sweeps/architecture.yaml)")
     s.add_argument("--max-runs", type=int, default=None,
-                   help="run at most this many configurations (required for random)")
+                   help="run at most this many configurations (required for random); a "
+                        "capped grid tries every value of every parameter first")
     s.add_argument("--method", default=None, choices=["grid", "random"],
                    help="override the file's method (grid: every combination, the first "
-                        "parameter varying fastest; random: --max-runs seeded draws)")
+                        "parameter varying fastest, or a covering subset with --max-runs; "
+                        "random: --max-runs seeded draws)")
     s.add_argument("--out", default="runs/sweep",
                    help="folder for one run-NNN/ per configuration and results.md")
     s.add_argument("extra", nargs="*", help="extra LightningCLI args for every run")
