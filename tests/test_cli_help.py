@@ -88,3 +88,22 @@ def test_cv_help_explains_the_double_dash(capsys):
     passed = [x for x in rest if x != "--"]  # what _cv hands to every fold's train
     assert passed == ["--config", "conf/train/nad_omx.yaml", "--trainer.max_epochs=12"]
     assert (conf_dir().parent / passed[1]).is_file()
+
+
+def test_one_name_for_our_on_disk_format():
+    """"NAD" is the external CSV dataset; what nactuator writes is a "nactuator dataset"
+    (docs/data-format.md, Names). The old "NAD shards" is gone from every help text and
+    page, except the one sentence that says it was renamed."""
+    from nactuator.platforms import conf_dir
+
+    helps = []
+    for _, summary, sub in _subparsers(build_parser()):
+        helps.append(summary or "")
+        helps += [a.help or "" for a in sub._actions]
+    assert not [h for h in helps if "nad shard" in h.lower()]
+    assert any("nactuator dataset" in h for h in helps)
+    root = conf_dir().parent
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    old = {p.name: " ".join(p.read_text().lower().split()).count("nad shard") for p in pages}
+    assert old.pop("data-format.md") == 1 and not any(old.values()), old
+    assert "is a **nactuator dataset**" in (root / "docs" / "data-format.md").read_text()

@@ -241,12 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the figures as JSON")
     s.set_defaults(func=_sim_check)
 
-    d = sub.add_parser("data", help="NAD shards: import, synthesize, describe")
+    d = sub.add_parser("data", help="nactuator datasets (the on-disk format): import NAD "
+                       "CSVs or BAM logs, synthesize, describe")
     dsub = d.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    s = dsub.add_parser("import-nad", help="import NAD CSV files (OMX, SO-101, Franka)")
+    s = dsub.add_parser("import-nad", help="import CSV files of the Neural Actuator Dataset "
+                        "(NAD, Dou et al.) or in its layout (OMX, SO-101, Franka)")
     s.add_argument("src", help="a NAD CSV file or a folder of them (e.g. ../shared/data/nad/so101)")
     s.add_argument("--out", required=True,
-                   help="dataset folder to create or append to (NAD shards)")
+                   help="nactuator dataset folder to create or append to")
     s.add_argument("--platform", default=None, help="default: detected from the CSV header")
     s.add_argument("--allow-duplicates", action="store_true",
                    help="import files whose content (sha256) is already in the dataset")
@@ -260,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = dsub.add_parser("import-bam", help="import BAM XL330 pendulum JSON logs")
     s.add_argument("src", help="a BAM raw JSON log or a folder of them")
     s.add_argument("--out", required=True,
-                   help="dataset folder to create or append to (NAD shards)")
+                   help="nactuator dataset folder to create or append to")
     s.add_argument("--allow-duplicates", action="store_true",
                    help="import files whose content (sha256) is already in the dataset")
     s.add_argument("--grid", default=None, choices=["first_sample", "bam"],
@@ -446,7 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--duration", type=float, default=None, help="exit after this many seconds")
     s.set_defaults(func=_emulate)
 
-    s = sub.add_parser("record", help="leader-follower teleoperation recording to NAD shards")
+    s = sub.add_parser("record", help="leader-follower teleoperation recording into a "
+                       "nactuator dataset")
     s.add_argument("--platform", required=True, help=PLATFORM_HELP)
     s.add_argument("--leader", required=True,
                    help="serial port of the leader arm (e.g. /dev/ttyACM0, or an emulator's pty)")

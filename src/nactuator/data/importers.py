@@ -1,4 +1,4 @@
-"""Importers: NAD CSV folders (OMX, SO-101, Franka) and BAM XL330 JSON logs -> NAD shards.
+"""Importers: NAD CSV folders (OMX, SO-101, Franka) and BAM XL330 JSON logs -> nactuator datasets.
 
 Raw register units are converted to SI here, once, using the unit table in each platform's
 ``data:`` section (conf/platform/*.yaml). Every file is parsed and validated before the

@@ -1,4 +1,4 @@
-"""Synthetic NAD datasets from the hidden ground-truth world (:mod:`nactuator.world`).
+"""Synthetic nactuator datasets from the hidden ground-truth world (:mod:`nactuator.world`).
 
 For every task of the world file, ``trajectories_per_task`` repetitions of the commanded
 motion run in lock-step (one :class:`~nactuator.world.World` with one arm per repetition) and

@@ -1,4 +1,4 @@
-"""Leader-follower teleoperation recording into NAD shards.
+"""Leader-follower teleoperation recording into a nactuator dataset.
 
 Each cycle at the platform rate: read the leader's joints (torque off, moved by a person),
 read the follower's full telemetry, command the follower to the leader's joints, and append

@@ -4,9 +4,9 @@ The same YAML runs online with ``wandb sweep FILE`` + ``wandb agent ID``. Here e
 configuration of the sweep (grid: every combination, the first parameter varying fastest,
 or with ``max_runs`` below the grid's size a subset that tries every value of every
 parameter first; random: ``max_runs`` seeded draws) is run as the sweep's own ``command``
-in a subprocess, with wandb forced offline, and its final metrics are read back from a JSON file the run writes. The
-result is a ranked markdown table of the sweep metric, also written with all figures to
-``<out>/results.json`` and ``<out>/results.md``.
+in a subprocess, with wandb forced offline, and its final metrics are read back from a JSON
+file the run writes. The result is a ranked markdown table of the sweep metric, also
+written with all figures to ``<out>/results.json`` and ``<out>/results.md``.
 """
 
 from __future__ import annotations
