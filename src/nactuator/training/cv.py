@@ -212,15 +212,15 @@ def summary_figure(summary: dict[str, dict[str, dict]]) -> Any:
                 if v is not None and math.isfinite(v):
                     ax.scatter(x - 0.1 + spread[f], v, s=24, color=colour(f % 10), zorder=3,
                                label=f"fold {f}" if x == 0 else None)
-            if s["mean"] is None:
-                ax.annotate("n/a (a fold has no value)", (x, 0), ha="center", va="bottom",
-                            fontsize=7, xycoords=("data", "axes fraction"))
+            mean, sd = s.get("mean"), s.get("sd")
+            if mean is None:
+                ax.annotate("no mean:\na fold has no value", (x, 0), ha="center",
+                            va="bottom", fontsize=7, xycoords=("data", "axes fraction"))
                 continue
-            sd = s["sd"] or 0.0
-            ax.errorbar(x + 0.28, s["mean"], yerr=sd, fmt="_", color="k", markersize=14,
+            ax.errorbar(x + 0.28, mean, yerr=sd or 0.0, fmt="_", color="k", markersize=14,
                         capsize=4, lw=1.2, zorder=4)
-            text = f"{s['mean']:.3g} ± {sd:.2g}" if s["sd"] is not None else f"{s['mean']:.3g}"
-            ax.annotate(text, (x + 0.28, s["mean"] + sd), xytext=(0, 3),
+            text = f"{mean:.3g} ± {sd:.2g}" if sd is not None else f"{mean:.3g}"
+            ax.annotate(text, (x + 0.28, mean + (sd or 0.0)), xytext=(0, 3),
                         textcoords="offset points", fontsize=7, ha="center", va="bottom")
         ax.set_xticks(range(len(rows)), [m.replace(" ", "\n", 1) for m, _ in rows], fontsize=8)
         ax.set_xlim(-0.6, len(rows) - 0.3)
