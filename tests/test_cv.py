@@ -66,6 +66,35 @@ def test_summary_is_mean_sd_min_max_and_a_missing_fold_shows():
     assert s["b"]["mean"] is None and s["b"]["folds"] == [2.0, None]
 
 
+def test_cv_figure_shows_folds_as_points_with_units_and_mean_sd():
+    from nactuator.training.cv import summary_figure
+
+    arm = [1.0, 1.5, 0.7]
+    force = [0.40, 0.45, 0.50]
+    rows = [{"arm mean (deg), model": a, "arm mean (deg), command following": 0.3,
+             "worst arm joint (deg), model": 2 * a, "force 3-axis (N), model rollout": f,
+             "force 3-axis (N), linear regression": 0.6} for a, f in zip(arm, force, strict=True)]
+    fig = summary_figure({"best": summarize_folds(rows)})
+    joints, worst, force_ax = fig.axes[:3]
+    assert joints.get_ylabel() == "mean joint error [deg]"
+    assert worst.get_ylabel() == "worst joint error [deg]"
+    assert force_ax.get_ylabel() == "force MAE [N]"
+    for ax in (joints, worst, force_ax):  # no line joins folds: every line is one point
+        assert all(len(line.get_xdata()) <= 1 for line in ax.lines)
+    # one dot per fold at its value (the model's column), and its mean ± sd written out
+    from matplotlib.collections import PathCollection
+
+    dots = sorted(float(c.get_offsets()[0][1]) for c in joints.collections
+                  if isinstance(c, PathCollection) and c.get_offsets()[0][0] < 0.5)
+    assert dots == pytest.approx(sorted(arm))
+    texts = [t.get_text() for t in joints.texts]
+    assert f"{np.mean(arm):.3g} ± {np.std(arm, ddof=1):.2g}" in texts
+    assert f"{np.mean(force):.3g} ± {np.std(force, ddof=1):.2g}" in [
+        t.get_text() for t in force_ax.texts]
+    assert [t.get_text() for t in force_ax.get_xticklabels()] == [
+        "model\nrollout", "linear\nregression"]
+
+
 def test_cv_trains_and_scores_a_fold_and_resumes(tmp_path):
     data = write_sim_dataset(tmp_path / "ds", "so101", frames=32,
                              splits={"train": 2, "validation": 1})

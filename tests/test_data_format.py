@@ -1,4 +1,5 @@
-"""The NAD shard format: round trip, appending, atomicity, LeRobot v3.0 layout, bad input."""
+"""The nactuator dataset format: round trip, appending, atomicity, LeRobot v3.0 layout,
+bad input."""
 
 from __future__ import annotations
 

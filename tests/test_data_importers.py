@@ -411,6 +411,54 @@ def test_platform_option_imports_one_platform_of_a_mixed_tree(so101_file, tmp_pa
         import_nad(tmp_path / "nad", tmp_path / "omx", platform="omx")
 
 
+def test_own_csvs_take_task_and_split_from_the_command_line(nad_dir, tmp_path, capsys):
+    """CSVs outside the NAD layout: a flat folder (or one file) labelled by --task/--split;
+    the payload is read from the task name as it would be from the NAD path."""
+    from nactuator.cli import main
+
+    originals = [nad_dir / "so101" / "pick_and_place" / "500g" / "train" / f"00{k}.csv"
+                 for k in (1, 2)]
+    flat = tmp_path / "my_runs"
+    flat.mkdir()
+    for k, f in enumerate(originals):
+        shutil.copy(f, flat / f"run_{k}.csv")
+    out = tmp_path / "ds"
+    assert main(["data", "import-nad", str(flat), "--out", str(out),
+                 "--task", "carry_300g", "--split", "validation"]) == 0
+    assert "imported 2 episodes" in capsys.readouterr().out
+    eps = read_dataset(out).episodes
+    assert [(e.task, e.split) for e in eps] == [("carry_300g", "validation")] * 2
+    assert [e.meta["source"] for e in eps] == ["run_0.csv", "run_1.csv"]
+    assert [e.length for e in eps] == [raw_csv(f)["timestamp"].size for f in originals]
+    assert all(e.payload_mass == pytest.approx(0.3) for e in eps)
+    one = tmp_path / "one"
+    import_nad(flat / "run_0.csv", one, task="push", split="test")
+    [ep] = read_dataset(one).episodes
+    assert (ep.task, ep.split, ep.payload_mass) == ("push", "test", 0.0)
+
+
+def test_task_and_split_errors_are_one_line(nad_dir, tmp_path, capsys):
+    from nactuator.cli import main
+
+    src = nad_dir / "so101" / "pick_and_place" / "500g" / "train" / "001.csv"
+    assert main(["data", "import-nad", str(src), "--out", str(tmp_path / "a"),
+                 "--task", "push"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--task needs --split too" in err
+    with pytest.raises(DataFormatError, match="--split needs --task"):
+        import_nad(src, tmp_path / "b", split="train")
+    with pytest.raises(DataFormatError, match="--split must be one of"):
+        import_nad(src, tmp_path / "b", task="push", split="val")
+    with pytest.raises(DataFormatError, match="task name is empty"):
+        import_nad(src, tmp_path / "b", task=" ", split="train")
+    nested = tmp_path / "tree"
+    (nested / "deeper").mkdir(parents=True)
+    shutil.copy(src, nested / "deeper" / "001.csv")
+    with pytest.raises(DataFormatError, match=r"tree: .*1 CSV\(s\) sit in sub-folders"):
+        import_nad(nested, tmp_path / "b", task="push", split="train")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 # --------------------------------------------------------------------------- duplicates
 
 

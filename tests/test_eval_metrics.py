@@ -96,6 +96,11 @@ def test_binary_metrics_on_a_hand_made_case():
     assert m["recall"] == pytest.approx(1.0)
     assert m["f1"] == pytest.approx(0.8)
     assert m["auc"] == pytest.approx(1.0)
+    assert m["specificity"] == pytest.approx(2 / 3)  # 0.3 and 0.1 of the three negatives
+    # no positive: accuracy is only the negative-class rate, i.e. the specificity
+    one = M.binary_metrics(np.array([0.9, 0.2, 0.1, 0.3]), np.array([0, 0, 0, 0]))
+    assert one["accuracy"] == one["specificity"] == pytest.approx(0.75)
+    assert math.isnan(M.binary_metrics(np.array([0.9]), np.array([1]))["specificity"])
     assert M.roc_auc(np.array([0.2, 0.4, 0.6, 0.8]), np.array([0, 1, 0, 1])) == 0.75
     assert M.roc_auc(np.array([0.5, 0.5]), np.array([1, 0])) == 0.5  # ties count half
     assert math.isnan(M.roc_auc(np.array([0.1, 0.2]), np.array([1, 1])))  # one class only

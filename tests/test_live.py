@@ -105,6 +105,38 @@ def test_status_line_redraws_in_place_on_a_terminal_and_logs_otherwise() -> None
     assert tty.getvalue().count("\r\x1b[K") == 2 and tty.getvalue().endswith("\n")
 
 
+def test_status_line_says_dash_until_a_rate_is_known_and_help_explains_the_counts(
+        monkeypatch, capsys) -> None:
+    import io
+
+    from nactuator.cli import build_parser
+    from nactuator.control.live import StatusLine
+
+    row = {"t": 0.0, "fx": 0.0, "fy": 0.0, "fz": -4.9, "gate": 0.9, "valid": 0}
+    text = StatusLine(60.0, io.StringIO()).text([row], 1)
+    assert text.startswith("live     — Hz |") and "nan" not in text
+    assert "1 cycles, 1 incomplete, 1 lost" in text
+    two = StatusLine(60.0, io.StringIO()).text([row, {**row, "t": 0.5}], 0)
+    assert two.startswith("live   2.0 Hz |")
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr("sys.stderr", Terminal())
+    assert StatusLine(60.0).tty  # live's default stream, stderr, is a terminal here
+
+    try:
+        build_parser().parse_args(["live", "--help"])
+    except SystemExit:
+        pass
+    help_text = capsys.readouterr().out
+    for word in ("incomplete  cycles in which at least one servo's telemetry was not read",
+                 "lost        schedule slots skipped because a cycle overran its period",
+                 '"—" until two cycles have run'):
+        assert word in help_text, word
+
+
 def test_live_cli_takes_a_calibration_and_shows_its_status(tmp_path, capsys) -> None:
     import json
 

@@ -1,5 +1,5 @@
 """Recording from an emulated leader (scripted human) and an emulated follower (the hidden
-world's servo law and physics) through the real SDKs, into NAD shards.
+world's servo law and physics) through the real SDKs, into a nactuator dataset.
 
 Deterministic on a loaded machine (users run the tests while training): the emulated arms
 advance one recording period per telemetry read (``step_per_read``), so what they do per

@@ -38,9 +38,10 @@ def test_architecture_sweep_is_a_runnable_wandb_grid():
     runs = configurations(spec)
     assert len(runs) == 4 * len(spec["parameters"]["model.width"]["values"])
     assert runs[0] == {"model.arch": "transformer", "model.width": 32, "model.depth": 1}
-    # --max-runs 4 reaches every architecture (the first parameter varies fastest)
-    assert [r["model.arch"] for r in configurations(spec, max_runs=4)] == [
-        "transformer", "mlp", "gru", "lstm"]
+    # --max-runs 4 reaches every architecture and both widths (not 4 x width 32)
+    capped = configurations(spec, max_runs=4)
+    assert [(r["model.arch"], r["model.width"]) for r in capped] == [
+        ("transformer", 32), ("mlp", 64), ("gru", 32), ("lstm", 64)]
     assert sorted(map(str, runs)) == sorted({str(r) for r in runs})  # no duplicates
     cmd = build_command(spec, runs[4], ["--trainer.max_steps=2"])
     assert cmd[0] == sys.executable
@@ -56,6 +57,35 @@ def test_architecture_sweep_is_a_runnable_wandb_grid():
     for name in spec["parameters"]:
         group, key = name.split(".", 1)
         assert group == "model" and key in options
+
+
+def test_a_capped_grid_tries_every_value_of_every_parameter(tmp_path):
+    import itertools
+
+    axes = {"model.arch": ["transformer", "mlp", "gru"], "model.width": [16, 32, 64],
+            "model.depth": [1, 2], "model.lr": [1e-3]}
+    spec = load_sweep(write_yaml(tmp_path / "g.yaml", {
+        "method": "grid", "metric": {"name": "val/loss", "goal": "minimize"},
+        "parameters": {k: {"values": v} for k, v in axes.items()}}))
+    full = configurations(spec)
+    assert len(full) == 18
+    for cap in range(1, 19):
+        runs = configurations(spec, max_runs=cap)
+        assert len(runs) == cap and len({json.dumps(r) for r in runs}) == cap
+        assert all(r in full for r in runs)
+        for name, values in axes.items():  # every value appears once the cap allows it
+            seen = {r[name] for r in runs}
+            assert len(seen) == min(cap, len(values)), (cap, name, seen)
+    # balanced: 6 runs use each arch and each width twice, each depth three times
+    six = configurations(spec, max_runs=6)
+    for name, values in axes.items():
+        counts = [sum(r[name] == v for r in six) for v in values]
+        assert max(counts) - min(counts) <= 1, (name, counts)
+    assert configurations(spec, max_runs=6) == six  # deterministic
+    # uncapped (or a cap the grid fits in): the whole product in grid order
+    assert configurations(spec, max_runs=18) == full == configurations(spec, max_runs=50)
+    assert [tuple(r.values()) for r in full] == [
+        tuple(reversed(c)) for c in itertools.product(*reversed(list(axes.values())))]
 
 
 def test_random_search_is_seeded(tmp_path):
@@ -127,8 +157,7 @@ def test_local_sweep_runs_offline_and_ranks(tmp_path, max_runs):
     table = run_sweep(str(sweep), max_runs=max_runs, out=str(out), extra_args=[
         "--trainer.max_epochs=1", "--data.samples_per_epoch=4", "--data.batch_size=4",
         "--data.horizon={0: 2}",
-        "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false"])
+        "--trainer.limit_val_batches=1"])
     results = json.loads((out / "results.json").read_text())
     runs = results["runs"]
     assert len(runs) == (max_runs or 2)
@@ -140,3 +169,8 @@ def test_local_sweep_runs_offline_and_ranks(tmp_path, max_runs):
     assert rows[0].split("|")[2].strip() == best["run"]
     assert (out / "results.md").read_text().strip() == table.strip()
     assert list((out / "run-000").rglob("wandb/offline-run-*")), "wandb ran offline"
+    # The run's output went to a log file: one line per epoch instead of a redrawn tqdm bar,
+    # and no Warp "no CUDA driver" notice on this CPU run.
+    log = (out / "run-000" / "log.txt").read_text()
+    assert "\r" not in log and "[nactuator] epoch 1/1, step 1: train/loss" in log
+    assert "Could not find or load the NVIDIA CUDA driver" not in log

@@ -439,7 +439,7 @@ def test_checkpoint_bundle_and_resume(so101_data, tmp_path):
 
 
 def test_trains_on_the_real_so101_recordings(nad_dir, tmp_path):
-    """Two steps on the real SO-101 500 g pick-and-place files (imported to NAD shards):
+    """Two steps on the real SO-101 500 g pick-and-place files (imported to a nactuator dataset):
     real telemetry and payload force labels go through the whole loss."""
     from nactuator.data.importers import import_nad
 

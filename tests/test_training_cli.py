@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,9 +90,17 @@ def test_cli_rejects_unknown_keys_and_platforms(data, tmp_path):
 
 
 def test_train_entry_point_with_data(data, tmp_path, capsys):
-    cli = train("so101", data=str(data), extra_args=tiny_args(tmp_path))
+    from nactuator.training.callbacks import EpochLines
+
+    # Progress bar left on: stdout is captured (not a terminal), so one line per epoch
+    # replaces Lightning's redrawn tqdm bar.
+    args = [a for a in tiny_args(tmp_path) if not a.startswith("--trainer.enable_progress")]
+    cli = train("so101", data=str(data), extra_args=args)
     assert cli.model.loss_weights.w_vel == 5.0  # conf/train/so101.yaml was applied
+    assert isinstance(cli.trainer.progress_bar_callback, EpochLines)
     printed = capsys.readouterr().out
+    assert "\r" not in printed
+    assert re.search(r"\[nactuator\] epoch 1/1, step 2: train/loss [\d.e+-]+, val/loss", printed)
     assert "train/loss at start" not in printed and "steps): start" in printed
     # stable names for the next command: <root>/best.ckpt and <root>/last.ckpt
     for name in ("best.ckpt", "last.ckpt"):
@@ -163,3 +172,17 @@ def test_default_dataset_is_generated_once_and_cached(tmp_path):
     assert default_dataset("pendulum", tmp_path / "datasets") == first  # reused
     assert (first / "meta" / "info.json").stat().st_mtime_ns == stamp
     assert not [p for p in (tmp_path / "datasets").iterdir() if p.name.startswith(".")]
+
+
+def test_progress_lines_replace_the_bar_only_off_a_terminal(monkeypatch):
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    import nactuator.progress
+    from nactuator.training.cli import log_progress_instead_of_bar
+
+    assert log_progress_instead_of_bar(None, [])  # pytest captures stdout: not a terminal
+    assert log_progress_instead_of_bar(True, [])
+    assert not log_progress_instead_of_bar(False, [])  # switched off: nothing at all
+    assert not log_progress_instead_of_bar(None, [TQDMProgressBar()])  # the user's own bar
+    monkeypatch.setattr(nactuator.progress, "is_terminal", lambda stream: True)
+    assert not log_progress_instead_of_bar(None, [])

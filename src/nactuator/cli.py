@@ -23,7 +23,8 @@ def _sim_check(a: argparse.Namespace) -> int:
 def _data_import_nad(a: argparse.Namespace) -> int:
     from nactuator.data.importers import import_nad
 
-    print(import_nad(a.src, a.out, platform=a.platform, allow_duplicates=a.allow_duplicates))
+    print(import_nad(a.src, a.out, platform=a.platform, allow_duplicates=a.allow_duplicates,
+                     task=a.task, split=a.split))
     return 0
 
 
@@ -224,6 +225,40 @@ DEVICE_HELP = "cpu (default) or cuda[:i]"
 CKPT_HELP = "a checkpoint from `nactuator train`/`fit` (.ckpt) or a saved actuator bundle"
 MODEL_HELP = (CKPT_HELP + ", or a file from `nactuator export` (TorchScript .pt/.ts, "
               "ONNX .onnx, fp32 or int8)")
+# How `train` and `cv` pass the options they do not know on to LightningCLI `fit`.
+TRAIN_EPILOG = """\
+every other option goes unchanged to LightningCLI `fit`, after conf/base.yaml and
+conf/train/<platform>.yaml (later ones win):
+  --config YAML              a training recipe, e.g. conf/train/nad_so101.yaml (repeatable)
+  --trainer.KEY=VALUE        any Lightning Trainer argument, e.g. --trainer.max_epochs=12
+  --model.KEY=VALUE          the model and loss (docs/training.md), e.g. --model.width=64
+  --data.KEY=VALUE           the DataModule, e.g. --data.batch_size=8
+  --logger tensorboard|wandb|csv|none
+example:
+  nactuator train --platform so101 --data runs/data/so101-nad \\
+      --config conf/train/nad_so101.yaml --trainer.max_epochs=12 \\
+      --trainer.default_root_dir=runs/so101-nad
+every pass-through option with its default: nactuator fit --help
+"""
+LIVE_EPILOG = """\
+the status line on stderr (redrawn on a terminal, a line every 5 s in a log), e.g.
+  live  60.0 Hz | |f|   4.90 N (fx fy fz ...) gate 0.90 | 600 cycles, 3 incomplete, 1 lost
+  Hz          cycles per second over the last second; "—" until two cycles have run
+  |f|, gate   the latest estimate: force magnitude and axes [N], contact gate (0..1)
+  cycles      cycles run so far (one CSV row each)
+  incomplete  cycles in which at least one servo's telemetry was not read (the model keeps
+              that servo's last reading; the row has valid = 0): cabling, bus load, timeouts
+  lost        schedule slots skipped because a cycle overran its period: no row for them,
+              no burst to catch up; --seconds still gives round(seconds x fps) rows, later
+"""
+CV_EPILOG = """\
+everything after `--` goes to every fold's `nactuator train` (and from there to LightningCLI
+`fit`: --config, --trainer.*, --model.*, --data.*; see `nactuator train --help`); cv sets
+each fold's --data.cv_folds/--data.cv_fold, --trainer.default_root_dir and --logger itself.
+example:
+  nactuator cv --platform omx --data runs/data/omx-nad --max-folds 2 --jobs 2 \\
+      --out runs/cv/omx -- --config conf/train/nad_omx.yaml --trainer.max_epochs=12
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -242,20 +277,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the figures as JSON")
     s.set_defaults(func=_sim_check)
 
-    d = sub.add_parser("data", help="NAD shards: import, synthesize, describe, show")
+    d = sub.add_parser("data", help="nactuator datasets (the on-disk format): import NAD "
+                       "CSVs or BAM logs, synthesize, describe, show")
     dsub = d.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    s = dsub.add_parser("import-nad", help="import NAD CSV files (OMX, SO-101, Franka)")
+    s = dsub.add_parser("import-nad", help="import CSV files of the Neural Actuator Dataset "
+                        "(NAD, Dou et al.) or in its layout (OMX, SO-101, Franka)")
     s.add_argument("src", help="a NAD CSV file or a folder of them (e.g. ../shared/data/nad/so101)")
     s.add_argument("--out", required=True,
-                   help="dataset folder to create or append to (NAD shards)")
+                   help="nactuator dataset folder to create or append to")
     s.add_argument("--platform", default=None, help="default: detected from the CSV header")
     s.add_argument("--allow-duplicates", action="store_true",
                    help="import files whose content (sha256) is already in the dataset")
+    s.add_argument("--task", default=None, metavar="NAME",
+                   help="task label for your own CSVs outside the NAD folder layout: SRC is "
+                        "one CSV or a flat folder of them (needs --split; payload grams are "
+                        "read from the name, e.g. push_200g)")
+    s.add_argument("--split", default=None, choices=["train", "validation", "test"],
+                   help="split of those CSVs (needs --task)")
     s.set_defaults(func=_data_import_nad)
     s = dsub.add_parser("import-bam", help="import BAM XL330 pendulum JSON logs")
     s.add_argument("src", help="a BAM raw JSON log or a folder of them")
     s.add_argument("--out", required=True,
-                   help="dataset folder to create or append to (NAD shards)")
+                   help="nactuator dataset folder to create or append to")
     s.add_argument("--allow-duplicates", action="store_true",
                    help="import files whose content (sha256) is already in the dataset")
     s.add_argument("--grid", default=None, choices=["first_sample", "bam"],
@@ -287,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
                            add_help=False)
         s.set_defaults(func=_lightning, passthrough=True)
     s = sub.add_parser("train", help="train on a platform's default or given data "
-                       "(what `make train` runs); extra args go to LightningCLI fit")
+                       "(what `make train` runs); extra args go to LightningCLI fit",
+                       epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--platform", required=True, help=PLATFORM_HELP)
     s.add_argument("--data", default=None, help="dataset path(s), comma separated "
                    "(default: the platform's small synthetic dataset, generated once)")
@@ -316,7 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_eval)
 
     s = sub.add_parser("cv", help="k-fold cross-validation by trajectory of a training "
-                       "recipe: mean ± sd over folds; extra args go to `train`")
+                       "recipe: mean ± sd over folds; extra args go to `train`",
+                       epilog=CV_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--platform", required=True, help=PLATFORM_HELP)
     s.add_argument("--data", required=True, help="dataset path(s), comma separated")
     s.add_argument("--folds", type=int, default=None,
@@ -416,10 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sweep", help="run a wandb-format sweep YAML locally (offline)")
     s.add_argument("file", help="sweep YAML (e.g. conf/sweeps/architecture.yaml)")
     s.add_argument("--max-runs", type=int, default=None,
-                   help="run at most this many configurations (required for random)")
+                   help="run at most this many configurations (required for random); a "
+                        "capped grid tries every value of every parameter first")
     s.add_argument("--method", default=None, choices=["grid", "random"],
                    help="override the file's method (grid: every combination, the first "
-                        "parameter varying fastest; random: --max-runs seeded draws)")
+                        "parameter varying fastest, or a covering subset with --max-runs; "
+                        "random: --max-runs seeded draws)")
     s.add_argument("--out", default="runs/sweep",
                    help="folder for one run-NNN/ per configuration and results.md")
     s.add_argument("extra", nargs="*", help="extra LightningCLI args for every run")
@@ -445,7 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--duration", type=float, default=None, help="exit after this many seconds")
     s.set_defaults(func=_emulate)
 
-    s = sub.add_parser("record", help="leader-follower teleoperation recording to NAD shards")
+    s = sub.add_parser("record", help="leader-follower teleoperation recording into a "
+                       "nactuator dataset")
     s.add_argument("--platform", required=True, help=PLATFORM_HELP)
     s.add_argument("--leader", required=True,
                    help="serial port of the leader arm (e.g. /dev/ttyACM0, or an emulator's pty)")
@@ -470,7 +518,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_viewer_flags(s, "leader and follower joints, commands and telemetry")
     s.set_defaults(func=_record)
 
-    s = sub.add_parser("live", help="live virtual force sensor on a servo bus")
+    s = sub.add_parser("live", help="live virtual force sensor on a servo bus",
+                       epilog=LIVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--ckpt", required=True, help=MODEL_HELP)
     s.add_argument("--platform", required=True, help=PLATFORM_HELP)
     s.add_argument("--port", required=True, help="serial port of the arm (or an emulator's pty)")
@@ -482,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after this long (default: until Ctrl-C)")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--quiet", action="store_true",
-                   help="no running status line on stderr (rate, force, dropped cycles)")
+                   help="no running status line on stderr (rate, force, gate, cycle counts)")
     _add_viewer_flags(s, "joints, commands, force, contact gate and condition")
     s.set_defaults(func=_live)
     return p

@@ -129,12 +129,17 @@ class LiveLoop:
 class StatusLine:
     """A one-line running status on a terminal (stderr): rate, last force, gate, cycles
     with incomplete telemetry, lost slots. Redrawn in place at most every ``every`` s; on a
-    non-terminal (a log file) one line every ``every_log`` s instead."""
+    non-terminal (a log file) one line every ``every_log`` s instead.
+
+    The rate is over the last second of cycles, "—" until two cycles exist. "incomplete":
+    cycles in which at least one servo's telemetry was not read (the model input holds its
+    last reading; the row says ``valid = 0``). "lost": schedule slots skipped because a cycle
+    overran its period (:class:`FixedRate`; no row exists for them)."""
 
     def __init__(self, fps: float, stream: TextIO | None = None, every: float = 0.25,
                  every_log: float = 5.0) -> None:
         self.fps, self.stream = fps, stream or sys.stderr
-        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.every = every if self.tty else every_log
         self._last = -math.inf
         self._drawn = False
@@ -142,10 +147,11 @@ class StatusLine:
     def text(self, rows: list[dict[str, float]], lost_slots: int) -> str:
         last = rows[-1]
         recent = [r["t"] for r in rows[-int(self.fps) :]]
-        rate = (len(recent) - 1) / (recent[-1] - recent[0]) if len(recent) > 1 else math.nan
+        span = recent[-1] - recent[0]
+        rate = f"{(len(recent) - 1) / span:5.1f}" if span > 0 else "    —"  # not known yet
         force = math.sqrt(last["fx"] ** 2 + last["fy"] ** 2 + last["fz"] ** 2)
         incomplete = sum(1 - int(r["valid"]) for r in rows)
-        return (f"live {rate:5.1f} Hz | |f| {force:6.2f} N (fx {last['fx']:+.2f} fy "
+        return (f"live {rate} Hz | |f| {force:6.2f} N (fx {last['fx']:+.2f} fy "
                 f"{last['fy']:+.2f} fz {last['fz']:+.2f}) gate {last['gate']:.2f} | "
                 f"{len(rows)} cycles, {incomplete} incomplete, {lost_slots} lost")
 

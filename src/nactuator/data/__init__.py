@@ -1,4 +1,4 @@
-"""nactuator.data: NAD shards on disk, importers, dataset info and the training DataModule.
+"""nactuator.data: nactuator datasets on disk, importers, dataset info and the training DataModule.
 
 Only the format (writer/reader) is imported here, so recorders and synth pay nothing for
 Lightning/torch. Import ``nactuator.data.datamodule`` for :class:`NADDataModule`,

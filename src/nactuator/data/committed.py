@@ -126,7 +126,7 @@ def writer_active(root: Path) -> bool:
 def load_json(path: Path) -> Any:
     """A dataset JSON file; a missing or broken one is a :class:`DataFormatError`."""
     if not path.exists():
-        raise DataFormatError(f"{path}: missing (expected a NAD dataset written by nactuator)")
+        raise DataFormatError(f"{path}: missing (expected a nactuator dataset folder)")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -134,7 +134,7 @@ def load_json(path: Path) -> Any:
 
 
 def load_info(root: Path) -> dict:
-    """``meta/info.json``, checked to be a NAD dataset of this codebase version."""
+    """``meta/info.json``, checked to be a nactuator dataset of this codebase version."""
     info = load_json(root / "meta" / "info.json")
     where = root / "meta" / "info.json"
     for key in ("codebase_version", "fps", "features", "total_episodes", "total_frames"):
@@ -145,7 +145,7 @@ def load_info(root: Path) -> dict:
             f"{where}: codebase_version {info['codebase_version']!r}, expected {CODEBASE_VERSION!r}"
         )
     if info.get("nactuator", {}).get("format") != FORMAT_TAG:
-        raise DataFormatError(f"{where}: not a nactuator NAD dataset (nactuator.format missing)")
+        raise DataFormatError(f"{where}: not a nactuator dataset (nactuator.format missing)")
     recorded_fps(info, where)  # a bad rate is refused here, not as a crash later
     return info
 

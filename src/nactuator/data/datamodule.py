@@ -1,4 +1,4 @@
-"""``NADDataModule``: rollout segments and whole episodes (Contract 2) from NAD shards.
+"""``NADDataModule``: rollout segments and whole episodes (Contract 2) from nactuator datasets.
 
 All datasets are loaded once into one packed float32 table (rows = frames, columns = every
 channel the batch needs). Each episode is preceded by ``window_length - 1`` all-zero rows
@@ -134,7 +134,7 @@ class _Episodes(IterableDataset):
 
 
 class NADDataModule(L.LightningDataModule):
-    """Rollout batches (Contract 2) from one or more NAD datasets of one platform.
+    """Rollout batches (Contract 2) from one or more nactuator datasets of one platform.
 
     Args:
         paths: dataset folder(s): a list, or one string with comma-separated paths.

@@ -1,4 +1,4 @@
-"""Importers: NAD CSV folders (OMX, SO-101, Franka) and BAM XL330 JSON logs -> NAD shards.
+"""Importers: NAD CSV folders (OMX, SO-101, Franka) and BAM XL330 JSON logs -> nactuator datasets.
 
 Raw register units are converted to SI here, once, using the unit table in each platform's
 ``data:`` section (conf/platform/*.yaml). Every file is parsed and validated before the
@@ -127,26 +127,33 @@ def _detect_layout(path: Path, header: list[str], layouts: dict) -> tuple[Platfo
     )
 
 
-def _labels_from_path(path: Path, platform: Platform) -> tuple[str, str, float, dict]:
-    """Task, split, payload mass [kg] and extra meta from the NAD folder layout (§2)."""
+def _labels_from_path(path: Path, platform: Platform,
+                      labels: tuple[str, str] | None = None) -> tuple[str, str, float, dict]:
+    """Task, split, payload mass [kg] and extra meta from the NAD folder layout (§2), or
+    from ``labels`` = (task, split) given by the user (``--task``/``--split``)."""
     path = Path(os.path.abspath(path))  # 'so101/500g/..' must not make a task named '..'
     cfg = platform.data["nad"]
-    split = path.parent.name
-    if split not in SPLITS:
-        raise DataFormatError(
-            f"{path}: expected the file inside a split folder {SPLITS} "
-            f"(NAD layout .../<task>/<split>/NNN.csv), found folder {split!r}"
-        )
     depth = int(cfg.get("task_depth", 1))
-    segments = path.parent.parent.parts[-depth:]
-    task = "/".join(segments)
+    if labels is not None:
+        task, split = labels
+        source = path.name
+    else:
+        split = path.parent.name
+        if split not in SPLITS:
+            raise DataFormatError(
+                f"{path}: expected the file inside a split folder {SPLITS} "
+                f"(NAD layout .../<task>/<split>/NNN.csv), found folder {split!r}; "
+                f"or label it with --task NAME --split train|validation|test"
+            )
+        task = "/".join(path.parent.parent.parts[-depth:])
+        source = "/".join(path.parts[-depth - 2 :])
     grams = 0.0
     pattern = cfg.get("payload_pattern")
     if pattern:
         m = re.search(pattern, f"{task}/{path.name}")
         if m:
             grams = float(m[1])
-    meta = {"source": "/".join(path.parts[-depth - 2 :]), "payload_g": grams}
+    meta = {"source": source, "payload_g": grams}
     return task, split, grams / 1000.0, meta
 
 
@@ -200,11 +207,13 @@ def _check_units(path: Path, frames: dict, platform: Platform, columns: dict) ->
 
 
 def read_nad_csv(
-    path: str | Path, platform: str | None = None, layouts: dict | None = None
+    path: str | Path, platform: str | None = None, layouts: dict | None = None,
+    labels: tuple[str, str] | None = None,
 ) -> ParsedEpisode:
     """Parse and convert one NAD CSV file; raises :class:`DataFormatError` on bad input.
 
     ``layouts`` (from :func:`_nad_layouts`) saves re-reading the platform files per file.
+    ``labels`` = (task, split) replaces the labels the NAD folder layout would give.
     """
     path = Path(path)
     layouts = layouts or _nad_layouts(platform)
@@ -274,7 +283,7 @@ def read_nad_csv(
             frames[key] = np.full((table.num_rows, n), np.nan)
     _check_units(path, frames, p, sources)
 
-    task, split, mass, meta = _labels_from_path(path, p)
+    task, split, mass, meta = _labels_from_path(path, p, labels)
     # Payload is on the arm while the weight label is present (pick-and-place: the carry).
     held = np.isfinite(frames["force"]).any(axis=1) if mass > 0 else np.zeros(table.num_rows, bool)
     frames["payload_mass"] = np.where(held, mass, 0.0)
@@ -359,29 +368,64 @@ def _summary(out: Path, episodes: list[ParsedEpisode], fps: float) -> str:
     return "\n".join(lines)
 
 
+def _labelled_files(src: Path, task: str | None, split: str | None) -> tuple[list[Path], tuple]:
+    """The CSVs that ``--task``/``--split`` label: ``src`` itself, or the ``*.csv`` directly
+    in a flat folder (a folder with CSVs in sub-folders is the NAD layout's job)."""
+    if task is None or split is None:
+        given, missing = ("--task", "--split") if split is None else ("--split", "--task")
+        raise DataFormatError(f"{given} needs {missing} too: together they label a CSV file "
+                              "or a flat folder of CSVs that is not in the NAD layout")
+    if not task.strip():
+        raise DataFormatError("--task: the task name is empty")
+    if split not in SPLITS:
+        raise DataFormatError(f"--split must be one of {list(SPLITS)}, got {split!r}")
+    if src.is_file():
+        return [src], (task.strip(), split)
+    if not src.is_dir():
+        raise DataFormatError(f"{src}: no such file or folder")
+    files = sorted(p for p in src.glob("*.csv") if p.is_file())
+    nested = sorted(p for p in src.rglob("*.csv") if p.is_file() and p.parent != src)
+    if nested:
+        raise DataFormatError(
+            f"{src}: --task/--split label a CSV file or a flat folder of CSVs, but "
+            f"{len(nested)} CSV(s) sit in sub-folders (e.g. {nested[0]}); import a NAD "
+            "layout (<task>/<split>/NNN.csv) without --task/--split")
+    if not files:
+        raise DataFormatError(f"{src}: no *.csv files found")
+    return files, (task.strip(), split)
+
+
 def import_nad(src: str | Path, out: str | Path, platform: str | None = None,
-               allow_duplicates: bool = False) -> str:
+               allow_duplicates: bool = False, task: str | None = None,
+               split: str | None = None) -> str:
     """Import every NAD CSV under ``src`` into the dataset at ``out``; returns a summary.
 
     The platform is detected from each header. Given ``platform`` and a folder, files that
     are exactly another platform's layout are skipped (so a whole NAD ``data/`` folder can
     be imported one platform at a time); without it, a mix of platforms is an error. Task, split and
-    payload come from the NAD folder layout. Appends when ``out`` already holds a dataset
-    of the same platform and fps; files whose content is already in it are skipped (and
-    listed) unless ``allow_duplicates``.
+    payload come from the NAD folder layout, unless ``task`` and ``split`` (both) are given:
+    then ``src`` is one CSV or a flat folder of them, every file gets those labels, and the
+    payload (and the OMX condition) are read from the task name. Appends when ``out``
+    already holds a dataset of the same platform and fps; files whose content is already in
+    it are skipped (and listed) unless ``allow_duplicates``.
     """
     src, out = Path(src), Path(out)
     layouts = _nad_layouts(None)
     if platform is not None and load_platform(platform).name not in layouts:
         _nad_layouts(platform)  # raises: that platform has no NAD layout
+    labels = None
+    if task is not None or split is not None:
+        files, labels = _labelled_files(src, task, split)
+    else:
+        files = _find_files(src, ".csv")
     episodes, skipped = [], []
-    for f in _find_files(src, ".csv"):
+    for f in files:
         other = _other_platform(f, platform, layouts) if src.is_dir() else None
         if other:
             skipped.append((f, other))
             continue
         episodes.append(read_nad_csv(f, layouts={platform: layouts[platform]} if platform
-                                     else layouts))
+                                     else layouts, labels=labels))
     if not episodes:
         raise DataFormatError(f"{src}: no NAD CSV of platform {platform!r} "
                               f"({len(skipped)} files of other platforms)")

@@ -1,4 +1,4 @@
-"""What a NAD shard is: the LeRobot v3.0 layout constants (version, paths, sizes), the
+"""What a nactuator dataset is: the LeRobot v3.0 layout constants (version, paths, sizes), the
 mapping from the library's canonical per-frame keys (Contract 1 of docs/architecture.md) to
 on-disk features with their widths and units, the ``info.json`` ``features`` block built from
 a platform, the in-memory :class:`Episode` and :class:`Dataset` a reader returns, and

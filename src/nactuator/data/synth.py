@@ -1,4 +1,4 @@
-"""Synthetic NAD datasets from the hidden ground-truth world (:mod:`nactuator.world`).
+"""Synthetic nactuator datasets from the hidden ground-truth world (:mod:`nactuator.world`).
 
 For every task of the world file, ``trajectories_per_task`` repetitions of the commanded
 motion run in lock-step (one :class:`~nactuator.world.World` with one arm per repetition) and
@@ -22,11 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from nactuator.data.schema import DataFormatError
 from nactuator.data.writer import DatasetWriter
 from nactuator.platforms import Platform, conf_dir, load_platform
+from nactuator.progress import progress_bar
 from nactuator.world import World, WorldError, WorldParams, load_world
 from nactuator.world.tasks import Kinematics, plan_episode, task_seed
 
@@ -252,9 +252,9 @@ def synthesize(
         writer = DatasetWriter(tmp, plat, fps=plat.fps, metadata=metadata)
         per_batch = max(1, MAX_ARMS_PER_BATCH // trajectories_per_task)
         batches = [names[i:i + per_batch] for i in range(0, len(names), per_batch)]
-        with tqdm(total=float(len(batches)), desc=f"synth {plat.name}", unit="batch",
-                  bar_format="{l_bar}{bar}| {n:.2f}/{total:.0f} batches [{elapsed}<{remaining}]",
-                  disable=None) as bar:
+        with progress_bar(total=float(len(batches)), desc=f"synth {plat.name}", unit="batch",
+                          bar_format="{l_bar}{bar}| {n:.2f}/{total:.0f} batches "
+                                     "[{elapsed}<{remaining}]", disable=None) as bar:
             for b, batch in enumerate(batches):
                 def progress(k: int, frames: int, b: int = b) -> None:
                     if k % 20 == 0 or k == frames:

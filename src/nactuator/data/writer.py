@@ -144,7 +144,7 @@ class DatasetWriter:
             if self.root.exists() and _foreign_files(self.root):
                 raise DataFormatError(
                     f"{self.root}: folder exists and is not empty but has no meta/info.json; "
-                    "expected an empty folder or an existing NAD dataset"
+                    "expected an empty folder or an existing nactuator dataset"
                 )
             self._exists = False
             self._next_episode = 0

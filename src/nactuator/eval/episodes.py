@@ -1,4 +1,4 @@
-"""The episodes an evaluation runs on: a split of one or more NAD datasets.
+"""The episodes an evaluation runs on: a split of one or more nactuator datasets.
 
 Episodes are the data room's :class:`nactuator.data.Episode` (``frames[key]`` is (T, n)
 per motor, (T, 3) for force, NaN where unlabelled). This module picks a split, checks the

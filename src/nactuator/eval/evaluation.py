@@ -76,7 +76,8 @@ def _linear_reference(data, platform, filters: dict,
 def _baselines(names, settings, data, platform, episodes, per_episode, rollouts, causal,
                horizons, cv) -> dict:
     """Fit the classical baselines on the train split and add their rows (in place) to
-    ``per_episode``, beside the model's rollout and causal (recorded-state) rows."""
+    ``per_episode``, beside the model's rollout and causal (recorded-state) rows; returns
+    what they were and the fitted baselines (the force plots draw them)."""
     from nactuator.eval.baselines import fit_baselines, score_baselines
 
     t0 = time.perf_counter()
@@ -84,7 +85,7 @@ def _baselines(names, settings, data, platform, episodes, per_episode, rollouts,
                            settings)
     condition = score_baselines(fitted, episodes, per_episode, horizons, rollouts, causal)
     return {"methods": list(names), "fit": fitted.info, "condition": condition,
-            "wall_time_s": time.perf_counter() - t0}
+            "wall_time_s": time.perf_counter() - t0}, fitted
 
 
 def _compare(ckpt, platform, recorded, per_episode, scales, horizons, device) -> dict:
@@ -169,10 +170,11 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     compared = None
     if compare is not None:
         compared = _compare(compare, platform, recorded, per_episode, scales, horizons, device)
-    baseline_result = None
+    baseline_result = fitted = None
     if baseline_names:
-        baseline_result = _baselines(baseline_names, baseline_settings, data, platform,
-                                     episodes, per_episode, rollouts, causal, horizons, cv)
+        baseline_result, fitted = _baselines(baseline_names, baseline_settings, data, platform,
+                                             episodes, per_episode, rollouts, causal, horizons,
+                                             cv)
     quiet_tasks = {e.task for e in episodes} - {e.task for e in episodes if not is_no_contact(e)}
     aggregate = {
         "all": M.aggregate(per_episode),
@@ -194,9 +196,11 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
         if len(paths) > 1:
             stem = f"data{paths.index(path)}_{stem}"
         plots.append(plot_joints(ep, ro, platform.channel_names, scales, units,
-                                 out / f"{stem}_joints.png"))
+                                 out / f"{stem}_joints.png", platform.control_dt))
         lin = linear.predict(ep) if linear is not None else None
-        plots.append(plot_force(ep, ro, out / f"{stem}_force.png", lin))
+        classical = fitted.force_estimates(ep) if fitted is not None else None
+        plots.append(plot_force(ep, ro, out / f"{stem}_force.png", platform.control_dt, lin,
+                                classical))
 
     result = {
         "checkpoint": str(ckpt),

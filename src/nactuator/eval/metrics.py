@@ -111,10 +111,13 @@ def roc_auc(score: np.ndarray, target: np.ndarray) -> float:
 
 
 def binary_metrics(score: np.ndarray, target: np.ndarray, threshold: float = 0.5) -> dict:
-    """Accuracy, precision, recall, F1 and AUC of ``score > threshold`` against ``target``.
+    """Accuracy, precision, recall, F1, specificity and AUC of ``score > threshold``
+    against ``target``.
 
-    Precision/recall/F1 are NaN when undefined (no predicted / no actual positives), so a
-    table never shows a made-up 0 or 1.
+    Precision/recall/F1 are NaN when undefined (no predicted / no actual positives), and
+    specificity (the share of negatives called negative) when there is no negative, so a
+    table never shows a made-up 0 or 1. With no positive at all, accuracy equals the
+    specificity: it only says how often the nominal class was called nominal.
     """
     score = np.asarray(score, dtype=np.float64).ravel()
     target = np.asarray(target, dtype=bool).ravel()
@@ -123,11 +126,13 @@ def binary_metrics(score: np.ndarray, target: np.ndarray, threshold: float = 0.5
                          f"{target.size}")
     if score.size == 0:
         return {"n": 0, "positives": 0, "accuracy": float("nan"), "precision": float("nan"),
-                "recall": float("nan"), "f1": float("nan"), "auc": float("nan")}
+                "recall": float("nan"), "f1": float("nan"), "specificity": float("nan"),
+                "auc": float("nan")}
     pred = score > threshold
     tp = int(np.sum(pred & target))
     fp = int(np.sum(pred & ~target))
     fn = int(np.sum(~pred & target))
+    tn = int(np.sum(~pred & ~target))
     precision = tp / (tp + fp) if tp + fp else float("nan")
     recall = tp / (tp + fn) if tp + fn else float("nan")
     if tp + fp and tp + fn and precision + recall > 0:
@@ -143,6 +148,7 @@ def binary_metrics(score: np.ndarray, target: np.ndarray, threshold: float = 0.5
         "precision": float(precision),
         "recall": float(recall),
         "f1": float(f1),
+        "specificity": tn / (tn + fp) if tn + fp else float("nan"),
         "auc": roc_auc(score, target),
     }
 

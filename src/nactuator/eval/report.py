@@ -89,8 +89,30 @@ def force_table(force: Mapping) -> list[str]:
 
 
 def _binary_rows(name: str, m: Mapping) -> list[str]:
-    return [name, str(m["n"]), str(m["positives"]), _pct(m["accuracy"]), _pct(m["precision"]),
+    # With one class only, accuracy is that class's hit rate: not shown as a score.
+    accuracy = "n/a" if m["n"] and m["positives"] in (0, m["n"]) else _pct(m["accuracy"])
+    return [name, str(m["n"]), str(m["positives"]), accuracy, _pct(m["precision"]),
             _pct(m["recall"]), _pct(m["f1"]), _num(m["auc"], 3)]
+
+
+def one_class_note(name: str, m: Mapping, positive: str, unit: str = "frames",
+                   negative: str = "nominal") -> str | None:
+    """The line that explains an "n/a" accuracy: no ``positive`` among the ``m["n"]``
+    labelled ``unit``, so only the specificity (negatives called negative) is measured; or
+    no ``negative``, so only the recall is."""
+    if not m["n"] or 0 < m["positives"] < m["n"]:
+        return None
+    if m["positives"] == m["n"]:
+        return (f"- {name}: every one of the {m['n']} labelled {unit} is a {positive}, none "
+                f"{negative}: accuracy would only be the recall ({_pct(m['recall'])}), so it "
+                f"reads n/a; false alarms cannot be measured here.")
+    specificity = m.get("specificity")
+    if specificity is None:  # a result written before specificity was reported
+        specificity = m["accuracy"]
+    return (f"- {name}: no {positive} in these episodes ({m['n']} labelled {unit}, none "
+            f"{positive}): accuracy would only be the nominal-class rate, so it reads n/a; "
+            f"specificity (called nominal) {_pct(specificity)}. Precision, recall, F1 and "
+            f"AUC need at least one {positive}.")
 
 
 def markdown_report(result: Mapping) -> str:
@@ -157,15 +179,20 @@ def markdown_report(result: Mapping) -> str:
                          f"{_num(payload['carry_frames'], 0)} frames)", "mass (g)",
                          "\\|error\\| (g)"], rows)
 
-    binary_rows = []
+    binary_rows, notes = [], []
     if "gate" in mean:
         binary_rows.append(_binary_rows("contact gate (\\|f\\| > 0.01 N)", mean["gate"]))
+        notes.append(one_class_note("contact gate", mean["gate"], "contact",
+                                    negative="free of contact"))
     if "condition" in mean:
         binary_rows.append(_binary_rows("condition (c < 0.5 = degraded)", mean["condition"]))
+        notes.append(one_class_note("condition", mean["condition"], "degraded motor"))
     if binary_rows:
         lines += ["", "## Classification (labelled frames, mean over tasks)", ""]
         lines += _table(["head", "frames", "positives", "accuracy", "precision", "recall", "F1",
                          "AUC"], binary_rows)
+        if any(notes):
+            lines += [""] + [note for note in notes if note]
 
     lines += ["", "## No contact", ""]
     fc = mean["false_contact"]
@@ -214,6 +241,26 @@ def markdown_report(result: Mapping) -> str:
     return "\n".join(lines) + "\n"
 
 
+def negative_kt_note(calibration: Mapping, friction: Mapping) -> str | None:
+    """Why a calibrated Kt can be negative, naming the joints where one is."""
+    joints = [c for c, j in calibration.items()
+              if j["kt"] < 0 or (friction.get(c) or {}).get("kt", 0.0) < 0]
+    if not joints:
+        return None
+    guessed = [c for c in joints if calibration[c]["mode"] != "effort-on-torque"]
+    text = (f"Kt < 0 on {', '.join(joints)}: on the free-motion frames the effort register "
+            "and tau_ID have opposite signs. ")
+    if guessed:
+        text += (f"On {', '.join(guessed)} (fit `torque-on-effort`: \\|r(u, tau_ID)\\| below "
+                 "`calibration.min_correlation`) the slope is not identified and its sign "
+                 "means nothing. ")
+    return text + ("Where it is identified, the register counts the other way round from the "
+                   "joint's torque in these recordings (the SO-101 load register is a PWM duty, "
+                   "dominated by back-EMF and friction in free motion). It is not a sign error "
+                   "of the import: the synthetic worlds, which encode their registers as the "
+                   "buses decode them, give Kt > 0 on every joint (docs/evaluation.md).")
+
+
 def _nc_cells(m: Mapping | None) -> list[str]:
     if not m or not m.get("frames"):
         return ["—", "—", "—"]
@@ -259,6 +306,9 @@ def baseline_report(result: Mapping) -> list[str]:
         lines += _table(["joint", "Kt", "b", "r(u, tau_ID)", "fit", "residual RMS",
                          "friction: Kt", "b", "Fc", "Fv", "Fs", "vs", "dead zone",
                          "residual RMS"], rows)
+        note = negative_kt_note(cal["joints"], fr)
+        if note:
+            lines += ["", note]
     mean = agg["all"]["mean"].get("baselines", {})
     methods = [m for m in (*b["methods"], "model_causal")
                if m in mean.get("no_contact_frames", {})]
@@ -289,6 +339,10 @@ def baseline_report(result: Mapping) -> list[str]:
         rows = [_binary_rows(_METHOD_NAMES.get(m, m), v) for m, v in cond["methods"].items()]
         lines += _table(["method", "windows", "degraded", "accuracy", "precision", "recall",
                          "F1", "AUC"], rows)
+        first = next(iter(cond["methods"].values()))
+        note = one_class_note("condition windows", first, "degraded motor", "windows")
+        if note:
+            lines += ["", note + " The same holds for every method in this table."]
         lines.append("")
         lines.append(f"Trained on {info.get('train_windows')} train windows "
                      f"({info.get('train_positives')} degraded). The model's window score is "

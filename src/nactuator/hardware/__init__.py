@@ -4,7 +4,7 @@
   SI :class:`~.bus.TelemetryFrame` per cycle (LeRobot buses + one vendor-SDK group read).
 - :mod:`.emulator` — ``Emulator(bus, platform)``: a virtual arm on a pty, driven by the
   hidden world (or a scripted leader), with fault injection; ``nactuator emulate``.
-- :mod:`.recorder` — ``record(...)``: leader -> follower recording into NAD shards.
+- :mod:`.recorder` — ``record(...)``: leader -> follower recording into a nactuator dataset.
 
 Submodules are imported on use: importing LeRobot's buses pulls in torch.
 See docs/hardware.md.

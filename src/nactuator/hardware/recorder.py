@@ -1,4 +1,4 @@
-"""Leader-follower teleoperation recording into NAD shards.
+"""Leader-follower teleoperation recording into a nactuator dataset.
 
 Each cycle at the platform rate: read the leader's joints (torque off, moved by a person),
 read the follower's full telemetry, command the follower to the leader's joints, and append
@@ -27,9 +27,9 @@ import math
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from nactuator.data.writer import DatasetWriter
 from nactuator.hardware.bus import (
@@ -42,6 +42,7 @@ from nactuator.hardware.bus import (
 from nactuator.hardware.signals import interrupts_deferred, sigterm_as_interrupt
 from nactuator.hardware.timing import FixedRate
 from nactuator.platforms import Platform, load_platform
+from nactuator.progress import progress_bar
 from nactuator.viewer import Viewer, open_viewer
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ def _hottest(frame: TelemetryFrame) -> str:
 
 
 def _record_episode(leader: TelemetryBus, follower: TelemetryBus, buf: EpisodeBuffer,
-                    seconds: float, fps: float, bar: tqdm | None, stats: dict,
+                    seconds: float, fps: float, bar: Any, stats: dict,
                     stop: threading.Event | None, viewer: Viewer | None = None,
                     viewer_t0: float = 0.0) -> None:
     """Record one episode into ``buf``; ``stats`` is filled as it goes (it survives an
@@ -254,8 +255,9 @@ def _record(p: Platform, leader: str, follower: str, task: str, episodes: int,
                 "leader_port": leader, "follower_port": follower, "payload_g": payload_g,
                 "seconds_requested": seconds})
             buf = EpisodeBuffer(p.n, payload_kg, journal)
-            bar = tqdm(total=max(1, round(seconds * fps)), desc=f"episode {ep + 1}/{episodes}",
-                       unit="frame", disable=not progress, leave=True)
+            bar = progress_bar(total=max(1, round(seconds * fps)),
+                               desc=f"episode {ep + 1}/{episodes}", unit="frame",
+                               disable=not progress, leave=True)
             stats: dict = {}
             error: BaseException | None = None
             before = dict(foll_bus.counters)

@@ -16,6 +16,7 @@ import numpy as np
 
 from nactuator.errors import UserError
 from nactuator.platforms import Platform
+from nactuator.sim.warp_runtime import init_warp
 
 __all__ = [
     "ENGINES",
@@ -133,6 +134,7 @@ def build_model(platform: Platform, batch: int, device: str) -> newton.Model:
     """``batch`` copies of the arm, every one at the origin (no contacts; physics.md §11)."""
     if not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive int, got {batch!r}")
+    init_warp(device)  # before Warp's first use: no "no CUDA driver" notice on a CPU run
     arm = build_arm(platform)
     scene = newton.ModelBuilder(up_axis=newton.Axis.Z, gravity=(0.0, 0.0, -9.81))
     for _ in range(batch):

@@ -12,7 +12,7 @@ Top to bottom:
    if it has one, else ``validation``) plus, optionally, the last ``held_out_runs`` train runs
    of each task; the fine-tuning pool is the remaining train runs, interleaved over tasks
    (run 1 of every task, then run 2, ...), so the N = 2 set contains the N = 1 set.
-2. **Data**: for each N a small NAD dataset ``data/n_NNN`` holds the first N pool episodes
+2. **Data**: for each N a small nactuator dataset ``data/n_NNN`` holds the first N pool episodes
    (train) and the held-out episodes (test, never read by training); ``data/held_out``
    holds only the held-out episodes.
 3. **Fine-tune**: ``nactuator train --platform P --data data/n_NNN --config <the train
@@ -173,7 +173,7 @@ def plan_episodes(datasets: Sequence[Any], held_out: str = "auto",
 
 def _write_subset(root: Path, platform: Any, fps: float, train: Sequence[tuple],
                   test: Sequence[tuple]) -> Path:
-    """A NAD dataset of ``train`` (split train) and ``test`` (split test) episodes."""
+    """A nactuator dataset of ``train`` (split train) and ``test`` (split test) episodes."""
     from nactuator.data import DatasetWriter
 
     if root.exists():
@@ -388,10 +388,9 @@ def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence
     every result on the held-out episodes; returns ``adapt.md`` (also writes ``adapt.json``
     and ``adapt.png`` into ``out``). ``episodes``, ``held_out`` and ``held_out_runs``
     default to the ``adapt`` section of ``config`` (``conf/train/adapt.yaml``)."""
-    from tqdm import tqdm
-
     from nactuator.models import load_actuator
     from nactuator.platforms import load_platform
+    from nactuator.progress import progress_bar
 
     t0 = time.perf_counter()
     cfg = load_adapt_config(config)
@@ -430,7 +429,7 @@ def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence
 
     points: list[dict[str, Any]] = []
     time_curve: list[dict[str, Any]] = []
-    with tqdm(total=len(counts) + 1, desc=f"adapt {platform.name}", unit="run") as bar:
+    with progress_bar(total=len(counts) + 1, desc=f"adapt {platform.name}", unit="run") as bar:
         bar.set_postfix_str("scoring the checkpoint (N = 0)")
         base = _score(ckpt, held_data, out / "n_000" / "eval")
         if metric not in base:

@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ProgressBar
 
 from nactuator.atomic import write_text
 
@@ -100,3 +101,30 @@ class TorchThreads(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         torch.set_num_threads(self.threads)
+
+
+class EpochLines(ProgressBar):
+    """Lightning's progress for a log file or a pipe: one line per training epoch with the
+    progress-bar metrics, instead of a tqdm bar redrawn with carriage returns. LightningCLI
+    puts it in place of the default bar when stdout is not a terminal (training/cli.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._enabled = True
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not (self._enabled and trainer.is_global_zero):
+            return
+        metrics = {k: v for k, v in self.get_metrics(trainer, pl_module).items()
+                   if k != "v_num"}
+        shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                          for k, v in metrics.items())
+        total = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
+        print(f"[nactuator] epoch {trainer.current_epoch + 1}{total}, step "
+              f"{trainer.global_step}: {shown}", flush=True)

@@ -107,6 +107,20 @@ def rewrite_args(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def log_progress_instead_of_bar(enable_progress_bar: bool | None,
+                                 callbacks: Sequence[Any]) -> bool:
+    """True when Lightning would redraw its tqdm bar into a log: stdout (where the bar goes)
+    is not a terminal, the bar is not switched off and no progress bar was configured. Then
+    ``EpochLines`` takes its place: one line per epoch."""
+    from lightning.pytorch.callbacks import ProgressBar
+
+    from nactuator.progress import is_terminal
+
+    if enable_progress_bar is False or is_terminal(sys.stdout):
+        return False
+    return not any(isinstance(c, ProgressBar) for c in callbacks)
+
+
 def _make_cli_class() -> type:
     from lightning.pytorch.cli import LightningCLI
 
@@ -127,6 +141,16 @@ def _make_cli_class() -> type:
                 load_platform(config["platform"])
             except PlatformError as e:
                 raise SystemExit(f"nactuator: --platform: {e}") from e
+
+        def instantiate_trainer(self, **kwargs: Any) -> Any:
+            trainer = self._get(self.config_init, "trainer", default={})
+            callbacks = kwargs.get("callbacks", trainer.get("callbacks")) or []
+            callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+            if log_progress_instead_of_bar(trainer.get("enable_progress_bar"), callbacks):
+                from nactuator.training.callbacks import EpochLines
+
+                kwargs["callbacks"] = [*callbacks, EpochLines()]
+            return super().instantiate_trainer(**kwargs)
 
     return NactuatorCLI
 

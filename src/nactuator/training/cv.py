@@ -211,26 +211,64 @@ def markdown_summary(summary: dict[str, dict[str, dict]], header: list[str]) -> 
     return "\n".join(lines)
 
 
+# Headline metrics of cv.png: (key stem in the summary, panel title, y-axis label).
+PLOT_PANELS = (("arm mean (deg)", "joints: arm mean", "mean joint error [deg]"),
+               ("worst arm joint (deg)", "joints: worst arm joint", "worst joint error [deg]"),
+               ("force 3-axis (N)", "force: 3-axis MAE", "force MAE [N]"))
+
+
 def plot_summary(summary: dict[str, dict[str, dict]], path: Path) -> Path:
-    """Per-fold values of the headline metrics: model vs references, one panel each."""
+    """``cv.png``: :func:`summary_figure` as a PNG."""
+    return write_png(path, summary_figure(summary), dpi=110)
+
+
+def summary_figure(summary: dict[str, dict[str, dict]]) -> Any:
+    """The headline metrics, one panel each: every fold as a dot (one colour per fold in
+    every panel; folds are independent, so no lines join them) and mean ± sd in black, per
+    method (model and references). Returns a matplotlib ``Figure``."""
+    from matplotlib import colormaps
     from matplotlib.figure import Figure  # no pyplot: the caller's backend stays as it was
 
-    table = summary.get("best") or next(iter(summary.values()))
-    panels = [("arm mean (deg)", "joints: arm mean (deg)"),
-              ("worst arm joint (deg)", "joints: worst arm joint (deg)"),
-              ("force 3-axis (N)", "force 3-axis MAE (N)")]
-    fig = Figure(figsize=(5 * len(panels), 4))
-    axes = fig.subplots(1, len(panels))
-    for ax, (stem, title) in zip(axes, panels, strict=True):
-        for key, s in table.items():
-            if key.startswith(stem):
-                vals = [np.nan if v is None else v for v in s["folds"]]
-                ax.plot(range(len(vals)), vals, "o-", label=key.split(", ", 1)[1])
-        ax.set_title(title)
-        ax.set_xlabel("fold (held-out runs)")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    return write_png(path, fig, dpi=110)
+    selection = "best" if "best" in summary else next(iter(summary))
+    table = summary[selection]
+    folds = max(len(s["folds"]) for s in table.values())
+    colour = colormaps["tab10"]
+    fig = Figure(figsize=(4.8 * len(PLOT_PANELS), 4.6))
+    axes = fig.subplots(1, len(PLOT_PANELS), squeeze=False)[0]
+    for ax, (stem, title, ylabel) in zip(axes, PLOT_PANELS, strict=True):
+        rows = [(key.split(", ", 1)[1], s) for key, s in table.items()
+                if key.startswith(stem + ", ")]
+        spread = np.linspace(-0.2, 0.2, folds) if folds > 1 else np.zeros(1)
+        for x, (_, s) in enumerate(rows):
+            for f, v in enumerate(s["folds"]):
+                if v is not None and math.isfinite(v):
+                    ax.scatter(x - 0.1 + spread[f], v, s=24, color=colour(f % 10), zorder=3,
+                               label=f"fold {f}" if x == 0 else None)
+            mean, sd = s.get("mean"), s.get("sd")
+            if mean is None:
+                ax.annotate("no mean:\na fold has no value", (x, 0), ha="center",
+                            va="bottom", fontsize=7, xycoords=("data", "axes fraction"))
+                continue
+            ax.errorbar(x + 0.28, mean, yerr=sd or 0.0, fmt="_", color="k", markersize=14,
+                        capsize=4, lw=1.2, zorder=4)
+            text = f"{mean:.3g} ± {sd:.2g}" if sd is not None else f"{mean:.3g}"
+            ax.annotate(text, (x + 0.28, mean + (sd or 0.0)), xytext=(0, 3),
+                        textcoords="offset points", fontsize=7, ha="center", va="bottom")
+        ax.set_xticks(range(len(rows)), [m.replace(" ", "\n", 1) for m, _ in rows], fontsize=8)
+        ax.set_xlim(-0.6, len(rows) - 0.3)
+        ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.08)  # room for the top label
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.tick_params(axis="y", labelsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(folds, 10), fontsize=8,
+                   frameon=False, title="held-out fold (dots); black: mean ± sd over folds",
+                   title_fontsize=8)
+    fig.suptitle(f"cross-validation, checkpoint `{selection}`: {folds} fold(s)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    return fig
 
 
 def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
@@ -241,7 +279,7 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
     Writes ``cv.json``, ``cv.md`` and ``cv.png`` into ``out`` (plus one folder per fold);
     returns ``cv.md``. ``max_folds`` runs only the first folds (a quicker, noisier look).
     """
-    from tqdm import tqdm
+    from nactuator.progress import progress_bar
 
     name = load_platform(platform).name
     paths = _data_paths(data)
@@ -254,7 +292,7 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
     t0 = time.perf_counter()
     done: dict[int, dict[str, Path]] = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool, \
-            tqdm(total=len(chosen), desc=f"cv {name} ({k} folds)", unit="fold") as bar:
+            progress_bar(total=len(chosen), desc=f"cv {name} ({k} folds)", unit="fold") as bar:
         futures = {pool.submit(_run_fold, name, paths, k, f, out, list(extra_args)): f
                    for f in chosen}
         for future in as_completed(futures):

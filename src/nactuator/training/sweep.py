@@ -1,11 +1,12 @@
 """A local, offline driver for wandb-format sweep files (``conf/sweeps/*.yaml``).
 
 The same YAML runs online with ``wandb sweep FILE`` + ``wandb agent ID``. Here each
-configuration of the sweep (grid: every combination, the first parameter varying fastest;
-random: ``max_runs`` seeded draws) is run as the sweep's own ``command`` in a subprocess,
-with wandb forced offline, and its final metrics are read back from a JSON file the run writes. The
-result is a ranked markdown table of the sweep metric, also written with all figures to
-``<out>/results.json`` and ``<out>/results.md``.
+configuration of the sweep (grid: every combination, the first parameter varying fastest,
+or with ``max_runs`` below the grid's size a subset that tries every value of every
+parameter first; random: ``max_runs`` seeded draws) is run as the sweep's own ``command``
+in a subprocess, with wandb forced offline, and its final metrics are read back from a JSON
+file the run writes. The result is a ranked markdown table of the sweep metric, also
+written with all figures to ``<out>/results.json`` and ``<out>/results.md``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import random
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -82,12 +84,33 @@ def _sample(name: str, p: dict, rng: random.Random) -> Any:
     return rng.uniform(lo, hi)
 
 
+def covering_subset(runs: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """``count`` of the grid's ``runs`` chosen so that every value of every parameter is
+    tried as early as possible: each next run is the one with the most values not tried
+    yet, then the one whose values were tried least often, then the earliest in grid order
+    (deterministic). 4 architectures x 2 widths in 4 runs: every architecture and both
+    widths, where the first 4 of the grid order would all have the first width."""
+    def values(run: dict[str, Any]) -> list[tuple[str, str]]:
+        return [(name, json.dumps(v, sort_keys=True)) for name, v in run.items()]
+
+    tried: Counter[tuple[str, str]] = Counter()
+    left = list(enumerate(runs))
+    chosen: list[tuple[int, dict[str, Any]]] = []
+    while left and len(chosen) < count:
+        best = min(left, key=lambda item: (-sum(tried[v] == 0 for v in values(item[1])),
+                                           sum(tried[v] for v in values(item[1])), item[0]))
+        left.remove(best)
+        chosen.append(best)
+        tried.update(values(best[1]))
+    return [run for _, run in chosen]
+
+
 def configurations(spec: dict, method: str | None = None, max_runs: int | None = None,
                    seed: int = 0) -> list[dict[str, Any]]:
     """The runs of a sweep, in order: grid = the full product with the first parameter
-    varying fastest, so that ``max_runs`` N covers every value of the first parameter (e.g.
-    every architecture) before repeating one; random = ``max_runs`` draws from a generator
-    seeded with ``seed``."""
+    varying fastest; with ``max_runs`` below its size, :func:`covering_subset` (every value
+    of every parameter within the first runs, not the first N of the product); random =
+    ``max_runs`` draws from a generator seeded with ``seed``."""
     method = method or spec.get("method")
     where = spec.get("_path", "sweep")
     if method not in METHODS:
@@ -107,7 +130,9 @@ def configurations(spec: dict, method: str | None = None, max_runs: int | None =
             axes.append([(name, v) for v in (p["values"] if "values" in p else [p["value"]])])
         runs = [dict(reversed(combo)) for combo in itertools.product(*reversed(axes))]
         runs = [{name: run[name] for name in params} for run in runs]  # file order of keys
-        return runs[:max_runs] if max_runs is not None else runs
+        if max_runs is not None and max_runs < len(runs):
+            return covering_subset(runs, max_runs)
+        return runs
     if max_runs is None:
         raise SweepError(f"{where}: a random sweep needs --max-runs")
     rng = random.Random(seed)
