@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -191,3 +192,119 @@ def test_cli_data_synth(tmp_path, capsys):
     assert (f["pwm"][~off] != 0).any()
     info = json.loads((out / "meta" / "info.json").read_text())
     assert info["nactuator"]["metadata"]["world"]["registers"] == "xl330"
+
+
+# --------------------------------------------------------------------------- real postures
+# The synthetic world must plan its tasks where the real arms work: the same task, synthesised
+# with the default world, spans the same joint ranges as the real NAD files (read here straight
+# from the CSV columns, not through the importer). Tolerance on the 5th and 95th percentiles:
+# 0.2 rad (11.5 deg) on revolute joints (the real 5-95 % spans are 0.26-0.82 rad), 3 mm on the
+# OMX finger slide. Before the posture fix the SO-101 shoulder_lift sat 1.4 rad away.
+RANGE_TOL = {"revolute": 0.2, "prismatic": 0.003}
+
+
+def _real_positions(folder, platform) -> np.ndarray:
+    """Joint positions of every real CSV under ``folder`` (rad; OMX finger: aperture / 1000)."""
+    p = load_platform(platform)
+    rows = []
+    for path in sorted(folder.rglob("*.csv")):
+        table = np.genfromtxt(path, delimiter=",", names=True)
+        cols = [table[f"pos{j + 1}"] for j in range(p.n)]
+        if platform == "omx":
+            cols[p.gripper_indices[0]] = table["aperture"] / 1000.0
+        rows.append(np.stack(cols, axis=1))
+    assert rows, f"no real CSV files under {folder}"
+    return np.concatenate(rows)
+
+
+@pytest.fixture(scope="module")
+def so101_pick_place(tmp_path_factory):
+    """The real files' task, 8 repetitions (as many as their train split), default world."""
+    out = tmp_path_factory.mktemp("synth") / "so101"
+    synth.synthesize("so101", str(out), seed=0, trajectories_per_task=8,
+                     tasks=["pick_and_place_500g"])
+    return read_dataset(out)
+
+
+def _frames(ds, key) -> np.ndarray:
+    return np.concatenate([e.frames[key] for e in ds.episodes])
+
+
+def _assert_ranges_match(synthetic, real, platform):
+    p = load_platform(platform)
+    lo_s, hi_s = np.percentile(synthetic, [5, 95], axis=0)
+    lo_r, hi_r = np.percentile(real, [5, 95], axis=0)
+    bad = [f"{c.name}: synthetic {lo_s[j]:+.3f}..{hi_s[j]:+.3f} vs real "
+           f"{lo_r[j]:+.3f}..{hi_r[j]:+.3f}" for j, c in enumerate(p.channels)
+           if max(abs(lo_s[j] - lo_r[j]), abs(hi_s[j] - hi_r[j])) > RANGE_TOL[c.kind]]
+    assert not bad, "5-95 % joint ranges differ: " + "; ".join(bad)
+
+
+def test_synthetic_so101_pick_place_spans_the_real_joint_ranges(so101_pick_place, nad_dir):
+    real = _real_positions(nad_dir / "so101" / "pick_and_place" / "500g", "so101")
+    _assert_ranges_match(_frames(so101_pick_place, "q"), real, "so101")
+
+
+def test_synthetic_so101_stays_off_the_joint_limits(so101_pick_place):
+    p = load_platform("so101")
+    q = _frames(so101_pick_place, "q")
+    lower = np.array([c.limit_lower for c in p.channels])
+    upper = np.array([c.limit_upper for c in p.channels])
+    assert np.all(q > lower + 0.05) and np.all(q < upper - 0.05)
+
+
+def test_synthetic_so101_load_has_the_real_servos_sign(so101_pick_place, nad_dir):
+    """Present_Load reads positive while the motor drives toward lower positions (real data:
+    load vs goal - position correlates at -0.96..-1.00 on every joint)."""
+    real = [np.genfromtxt(f, delimiter=",", names=True)
+            for f in sorted((nad_dir / "so101").rglob("*.csv"))]
+    for j in range(6):
+        err = np.concatenate([t[f"goal_pos{j + 1}"] - t[f"pos{j + 1}"] for t in real])
+        load = np.concatenate([t[f"load{j + 1}"] for t in real])
+        assert np.corrcoef(err, load)[0, 1] < -0.7, f"real joint {j + 1}"
+    err = _frames(so101_pick_place, "q_cmd") - _frames(so101_pick_place, "q")
+    effort = _frames(so101_pick_place, "effort")
+    for j in range(6):
+        assert np.corrcoef(err[:, j], effort[:, j])[0, 1] < -0.7, f"synthetic joint {j + 1}"
+
+
+def test_synthetic_so101_jaw_closes_on_the_carried_object(so101_pick_place):
+    """The leader squeezes its jaw shut; the follower's jaw stops on the object and pushes."""
+    ws = load_world("so101").workspace
+    for e in so101_pick_place.episodes:
+        ep = e.frames
+        held = ep["payload_mass"].reshape(-1) > 0
+        jaw, cmd, load = ep["q"][held, 5], ep["q_cmd"][held, 5], ep["effort"][held, 5]
+        assert np.min(cmd) < ws["grasp_jaw"] - 0.2  # commanded well past the object
+        assert np.min(jaw) > ws["grasp_jaw"] - 0.03  # ... but the jaw stops on it
+        assert np.median(load) > 0.3  # squeezing: driving toward lower positions
+
+
+def test_synthetic_omx_push_spans_the_real_joint_ranges(tmp_path, nad_dir):
+    out = tmp_path / "omx"
+    synth.synthesize("omx", str(out), seed=0, trajectories_per_task=3,
+                     tasks=["force_z_minus", "force_z_minus_ref"])
+    real = _real_positions(nad_dir / "omx" / "force_sensor", "omx")
+    _assert_ranges_match(_frames(read_dataset(out), "q"), real, "omx")
+
+
+def test_default_dataset_digest_follows_the_world(monkeypatch, tmp_path):
+    """The cached default dataset is named by everything that decides its content, so a
+    change to a task's posture, a register's sign or the world file regenerates it."""
+    import nactuator.data.defaults as defaults
+
+    names = {Path(p).name for p in defaults._generator_files("so101")}
+    assert {"so101.yaml", "so101.xml", "tasks.py", "registers.py", "world.py", "servo.py",
+            "servo_units.py", "synth.py"} <= names
+    copies = []
+    for path in defaults._generator_files("so101"):
+        copy = tmp_path / f"{len(copies)}-{Path(path).name}"
+        copy.write_bytes(Path(path).read_bytes())
+        copies.append(copy)
+    monkeypatch.setattr(defaults, "_generator_files", lambda platform: copies)
+    spec = {"seed": 0, "trajectories_per_task": 4}
+    before = defaults._digest("so101", spec)
+    tasks = next(c for c in copies if c.name.endswith("tasks.py"))
+    tasks.write_text(tasks.read_text() + "\n# changed\n")
+    assert defaults._digest("so101", spec) != before
+    assert defaults._digest("so101", dict(spec, seed=1)) != defaults._digest("so101", spec)

@@ -48,11 +48,12 @@ def test_steady_state_tracking_under_gravity_so101():
     # Settled: still, and within a few degrees of the goal on the loaded joints.
     assert np.all(np.abs(tel["qd"][0]) <= 50 * TWO_PI / 4096 + 1e-9)
     assert np.all(np.abs(np.degrees(err)) < 8.0)
-    # The P law holds at rest: load (PWM duty) = kp / kp_divisor * error counts / 1000,
-    # up to the register's 4-count quantisation and the dead band.
+    # The P law holds at rest: load = -(PWM duty) = -kp / kp_divisor * error counts / 1000,
+    # up to the register's 4-count quantisation and the dead band (Present_Load reads
+    # positive while the motor drives toward lower positions, as on the real STS3215).
     m = w.motors
     counts = np.round(err * 4096 / TWO_PI)
-    predicted = m["kp"] / m["kp_divisor"] * counts / 1000.0
+    predicted = -m["kp"] / m["kp_divisor"] * counts / 1000.0
     loaded = np.abs(predicted) > 0.03
     assert loaded[[1, 2]].all(), "shoulder and elbow must carry gravity"
     np.testing.assert_allclose(effort[loaded], predicted[loaded], atol=0.0041)
@@ -77,7 +78,7 @@ def test_steady_state_current_matches_motor_model_omx():
 
 def test_current_saturates_at_limit_and_winding_heats():
     w = _world("omx")
-    w.reset(_rest(w))
+    w.reset(np.array([0.0, -1.0, 0.3, 0.7, 0.01]))  # upper arm back, forearm out
     w.step(0.5)
     t0 = w.servo.temperature[0].copy()
     r0 = w.servo.resistance()[0].copy()
@@ -279,3 +280,25 @@ def test_step_until_tracks_wall_time_without_drift():
     total = sum(w.step_until(0.0037 * k) for k in range(1, 101))
     assert w.time == pytest.approx(0.37, abs=w.dt) and total == w.step_count
     assert w.step_until(0.1) == 0
+
+
+def test_held_object_stops_the_jaw():
+    """A jaw commanded shut closes fully on nothing and stops on an object between the jaws,
+    the servo then squeezing it (Present_Load positive: driving toward lower positions)."""
+    free, holding = _world("so101"), _world("so101")
+    jaw = holding.params.workspace["grasp_jaw"]
+    for w in (free, holding):
+        w.reset(_rest(w))
+        goal = _rest(w)
+        goal[5] = 0.01
+        w.set_goal(goal)
+    holding.set_grasp(jaw)
+    for w in (free, holding):
+        w.step(1.5)
+    assert free.telemetry()["q"][0, 5] < 0.05
+    tel = holding.telemetry()
+    assert jaw - 0.03 < tel["q"][0, 5] < jaw + 0.005
+    assert tel["effort"][0, 5] > 0.3
+    holding.set_grasp(np.nan)  # released: the jaw closes the rest of the way
+    holding.step(1.5)
+    assert holding.telemetry()["q"][0, 5] < 0.05

@@ -98,6 +98,8 @@ def run_tasks(
         return np.stack(out, axis=1)  # (t_max, n_envs, w)
 
     goals, enables, forces = padded("q_goal"), padded("torque_enable") > 0.5, padded("force")
+    grasps = np.stack([np.concatenate([p.grasp, np.repeat(p.grasp[-1:], t_max - p.frames)])
+                       for p in plans], axis=1)  # (t_max, n_envs)
     keys = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "pwm", "current")
     logs = {k: np.zeros((t_max, n_envs, n)) for k in keys}
     for k in range(t_max):
@@ -105,6 +107,7 @@ def run_tasks(
         world.set_goal(goals[k])
         world.set_torque_enabled(enables[k])
         world.set_external_force(forces[k])
+        world.set_grasp(grasps[k])
         logs["q_cmd"][k] = world.goal()
         for key in keys[1:]:
             logs[key][k] = tel[key]

@@ -11,7 +11,9 @@ would return, and those back into SI (Contract 1 units). The encodings and unit 
 - ``sts3215``: position 4096/rev, velocity in steps/s from the count difference over a
   20 ms window (so always a multiple of 50 steps/s), load in 0.1 % of max torque taken from the
   PWM output (magnitudes in multiples of 4 with a dead band below 20, as the NAD SO-101 logs
-  show), sign-magnitude with the sign in bit 10; current magnitude x 6.5 mA; 0.1 V; 1 degC.
+  show), sign-magnitude with the sign in bit 10, **positive while the motor drives toward
+  lower positions** (the NAD SO-101 files: load vs goal - position correlates at -0.96..-1.00
+  on every joint; a squeezing jaw reads +200); current magnitude x 6.5 mA; 0.1 V; 1 degC.
 - ``franka``: libfranka doubles, no quantisation; the effort is the commanded torque.
 """
 
@@ -85,7 +87,8 @@ def quantize(
         vel_reg = np.round(state["count_rate"]).astype(np.int64)
         qd_servo = vel_reg * (2 * np.pi / cpr)
         m = sensors["load_multiple"]
-        load = np.round(state["duty"] * float(STS_LOAD_FULL) / m) * m
+        # Opposite sign to the PWM duty (real STS3215 Present_Load, see the module docstring).
+        load = np.round(-state["duty"] * float(STS_LOAD_FULL) / m) * m
         load = np.where(np.abs(load) < sensors["load_deadband"], 0.0, load)
         load = np.clip(load, -STS_LOAD_FULL, STS_LOAD_FULL).astype(np.int64)
         cur_reg = np.round(np.abs(noisy_current) / unit).astype(np.int64)

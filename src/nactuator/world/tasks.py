@@ -16,6 +16,10 @@ knows the truth and NAD had no reading:
   F/T sensor; the matched ``*_ref`` run (same commanded motion, no contact) is 0 on all axes
   on every frame (NAD stores -999 there and its OMX loader reads it as 0);
 - condition: every motor is labelled, 1 = nominal, 0 on the band joint in ``degrade`` runs.
+
+Postures follow the NAD operators (docs/synthetic-world.md §4): the IK starts from and is
+pulled toward ``workspace.rest_pose``, which holds the gripper pitched down as in the real
+files; a held object stops the jaw at ``workspace.grasp_jaw`` (the plan's ``grasp``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class EpisodePlan:
     payload_mass: np.ndarray  # (T,) kg
     condition: np.ndarray  # (T, n)
     torque_enable: np.ndarray  # (T, n) 0/1
+    grasp: np.ndarray  # (T,) jaw angle where an object between the jaws stops them; NaN: none
     band: bool = False
     kp: float | None = None  # firmware P override for every motor (pendulum kp grid)
     meta: dict = field(default_factory=dict)
@@ -82,6 +87,31 @@ class Kinematics:
         mujoco.mj_kinematics(self.model, self.data)
         b = self.body
         return self.data.xpos[b] + self.data.xmat[b].reshape(3, 3) @ self.offset
+
+    def jacobian(self, q: np.ndarray) -> np.ndarray:
+        """(3, n) position Jacobian of the end-effector point at ``q``."""
+        p = self.fk(q)
+        jacp = np.zeros((3, self.model.nv))
+        mujoco.mj_comPos(self.model, self.data)
+        mujoco.mj_jac(self.model, self.data, jacp, None, p, self.body)
+        return jacp
+
+    def posture_directions(self, q: np.ndarray) -> np.ndarray:
+        """(k, n) unit joint directions that leave the end effector where it is at ``q``.
+
+        The arm's redundancy beyond the 3 position coordinates: how a human may hold the arm
+        differently for the same gripper position (mostly the gripper's pitch).
+        """
+        J = self.jacobian(q)
+        # Joints that do not move the point at all (a wrist roll about the tool axis) are
+        # redundant too, but a human does not hold them differently: leave them out.
+        reach = np.linalg.norm(J[:, self.arm], axis=0)
+        moving = self.arm[reach > 0.1 * reach.max()]
+        _, sv, vt = np.linalg.svd(J[:, moving])
+        rank = int((sv > 1e-6 * sv.max()).sum())
+        out = np.zeros((len(moving) - rank, q.size))
+        out[:, moving] = vt[rank:]
+        return out
 
     def ik(self, target: np.ndarray, q_init: np.ndarray, q_rest: np.ndarray,
            iters: int = 60, tol: float = 2e-4) -> np.ndarray:
@@ -237,7 +267,7 @@ def _pick_place(c: _Ctx, spec: dict) -> tuple[np.ndarray, float, float]:
     ws = c.params.workspace
     pick = np.asarray(ws["pick"], float) + c.offset3()
     place = np.asarray(ws["place"], float) + c.offset3()
-    up = np.array([0.0, 0.0, 0.06])
+    up = np.array([0.0, 0.0, ws.get("hover", 0.06)])  # worlds from before the key: 6 cm
     qs = c.ik_points([pick + up, pick, pick + up, place + up, place, place + up])
     opened, closed = ws["gripper_open"], ws["gripper_closed"]
     rest = _gripper(c, c.rest, opened)
@@ -247,7 +277,9 @@ def _pick_place(c: _Ctx, spec: dict) -> tuple[np.ndarray, float, float]:
              rest]
     frac = np.array([0, 0.12, 0.22, 0.30, 0.40, 0.58, 0.68, 0.76, 0.86, 1.0])
     times = list(frac * c.duration)
-    return _through_waypoints(times, poses, c.t), times[3], times[6]
+    # Carried from grasp (jaw closed) to release (jaw starts opening); the object sits
+    # between the jaws from the pick pose until the jaw is open again at the place pose.
+    return _through_waypoints(times, poses, c.t), (times[3], times[6]), (times[2], times[7])
 
 
 def _lift_hold(c: _Ctx, spec: dict) -> np.ndarray:
@@ -265,7 +297,11 @@ def _push(c: _Ctx, spec: dict) -> tuple[np.ndarray, np.ndarray]:
     pose = np.asarray(ws["push_pose"], float) + c.offset3()
     (q_p,) = c.ik_points([pose])
     t_in = min(1.5, 0.2 * c.duration)
-    q = _through_waypoints([0.0, t_in], [c.rest, q_p], c.t)
+    # NAD pushes are made with the gripper shut throughout (the OMX files: the aperture sits
+    # at its closed end from the first frame).
+    closed = ws["gripper_closed"]
+    q = _through_waypoints([0.0, t_in], [_gripper(c, c.rest, closed), _gripper(c, q_p, closed)],
+                           c.t)
     # Force schedule: pushes with raised-cosine ramps in the hold phase.
     k = int(spec.get("pushes", 3))
     fmin, fmax = spec.get("force_min", 3.0), spec.get("force_max", 9.0)
@@ -346,13 +382,20 @@ def plan_episode(
     t = np.arange(frames) * dt
     n = platform.n
     rest = np.asarray(params.workspace["rest_pose"], float)
-    rest = rest + rep_rng.normal(0, var["joint_offset"], n) * (kind != "bam")
+    shaft = params.motor_array("transmission")  # joint units per servo-shaft rad
+    rest = rest + rep_rng.normal(0, var["joint_offset"], n) * shaft * (kind != "bam")
+    if kin is not None and var.get("posture", 0.0) > 0 and kind != "bam":
+        # The same gripper position held differently each repetition (NAD operators vary
+        # elbow_flex and wrist_flex together by ~0.25 rad); the IK is pulled toward it.
+        dirs = kin.posture_directions(rest)
+        rest = rest + rep_rng.normal(0, var["posture"], len(dirs)) @ dirs
     ctx = _Ctx(platform, params, kin, rest, t, frames * dt, base, rep_rng)
 
     force = np.zeros((frames, 3))
     label = np.full((frames, 3), np.nan)
     mass = float(spec.get("payload_g", 0.0)) / 1000.0
     held = np.zeros(frames, dtype=bool)
+    between_jaws = np.zeros(frames, dtype=bool)
     torque = np.ones((frames, n))
     kp = None
     if kind == "circle":
@@ -362,11 +405,13 @@ def plan_episode(
     elif kind == "backward_forward":
         q = _backward_forward(ctx, spec)
     elif kind == "pick_place":
-        q, t_grab, t_release = _pick_place(ctx, spec)
+        q, (t_grab, t_release), (t_in, t_out) = _pick_place(ctx, spec)
         held = (t >= t_grab) & (t < t_release)
+        between_jaws = (t >= t_in) & (t < t_out)
     elif kind in ("lift_hold", "hold"):
         q = _lift_hold(ctx, spec)
         held[:] = True
+        between_jaws[:] = True
     elif kind == "push":
         q, push_force = _push(ctx, spec)
         if spec.get("ref"):
@@ -381,13 +426,20 @@ def plan_episode(
     else:  # validated earlier; kept for a clear message if a new kind is half-added
         raise WorldError(f"task {task!r}: no planner for kind {kind!r}")
     if kind != "bam":
-        q = q + _tremor(rep_rng, frames, n, var["tremor"], var["tremor_cutoff"], dt)
+        # Tremor and start offsets are servo-shaft angles: through the transmission on a
+        # finger slide (OMX; 1 on revolute joints).
+        q = q + _tremor(rep_rng, frames, n, var["tremor"], var["tremor_cutoff"], dt) * shaft
     q = np.clip(q, [c.limit_lower for c in platform.channels],
                 [c.limit_upper for c in platform.channels])
     if mass > 0:
         force[held, 2] += -mass * G
         label[held, 2] = -mass * G
     payload = np.where(held, mass, 0.0)
+    # Only a real object stops the jaw ("empty" tasks close on nothing); worlds recorded
+    # before the grasp model existed have no grasp keys and no stop.
+    jaw = float(params.workspace.get("grasp_jaw", np.nan))
+    stops = mass > 0 and params.workspace.get("grasp_stiffness", 0.0) > 0
+    grasp = np.where(between_jaws & stops, jaw, np.nan)
     condition = np.ones((frames, n))
     band = bool(spec.get("degrade", False))
     if band:
@@ -396,4 +448,4 @@ def plan_episode(
             "payload_kg": mass, "band": band}
     if kp is not None:
         meta["kp"] = kp
-    return EpisodePlan(task, q, force, label, payload, condition, torque, band, kp, meta)
+    return EpisodePlan(task, q, force, label, payload, condition, torque, grasp, band, kp, meta)

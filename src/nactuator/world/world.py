@@ -2,9 +2,10 @@
 
 MuJoCo is deliberately a different engine from the Newton/Featherstone simulator we train
 through, and the arm here is not the nominal one: link masses and COMs are perturbed, joints
-carry the servo's reflected rotor inertia, gearbox friction and backlash, and an optional
-elastic band loads one joint. External forces (payload weight, pushes) act at the platform's
-end-effector point through ``xfrc_applied``. Contacts stay off.
+carry the servo's reflected rotor inertia, gearbox friction and backlash, an optional
+elastic band loads one joint, and a held object stops the closing jaw (a one-sided spring).
+External forces (payload weight, pushes) act at the platform's end-effector point through
+``xfrc_applied``. Contacts stay off.
 
 Step-wise API (used by ``data.synth`` and by the hardware emulators, in real time)::
 
@@ -13,6 +14,7 @@ Step-wise API (used by ``data.synth`` and by the hardware emulators, in real tim
     world.set_goal(q_goal)                # what a Goal Position write does (quantised to counts)
     world.set_torque_enabled(True)
     world.set_external_force([0, 0, -2.0])  # N, base frame, environment on robot
+    world.set_grasp(0.27)                 # an object stops the jaw at 0.27 (NaN: none)
     world.step(0.017)                     # advances in whole physics steps
     world.step_until(t)                   # or: catch up to wall-clock time t (emulators)
     tel = world.telemetry()               # SI, Contract-1 units, (n_envs, n) arrays
@@ -109,6 +111,7 @@ class World:
         self.external_force = np.zeros((n_envs, 3))
         self.band_enabled = np.zeros(n_envs, dtype=bool)
         self.band_rest = np.zeros(n_envs)
+        self.grasp_jaw = np.full(n_envs, np.nan)
         self.q = np.zeros((n_envs, n))
         self.qd = np.zeros((n_envs, n))
         self.omega_filtered = np.zeros((n_envs, n))
@@ -178,6 +181,7 @@ class World:
             self._count_ring[:] = s.counts(q0 / self.trans)[None]
         self.bus_voltage[:] = float(self.params.supply["voltage"])
         self.external_force[:] = 0.0
+        self.grasp_jaw[:] = np.nan
         self.set_goal(q0)
 
     def set_goal(self, q_goal) -> None:
@@ -218,6 +222,23 @@ class World:
             rest = self.q[:, j] + self.params.band["rest_offset"]
         self.band_rest = np.array(np.broadcast_to(np.asarray(rest, float), (self.n_envs,)))
 
+    def set_grasp(self, jaw) -> None:
+        """An object between the jaws: it stops the gripper closing below ``jaw`` (NaN: none).
+
+        A one-sided stiff spring-damper (``workspace.grasp_stiffness``, ``grasp_damping``)
+        on every gripper channel; both grippers close toward lower joint values.
+        """
+        self.grasp_jaw = np.array(np.broadcast_to(np.asarray(jaw, float), (self.n_envs,)))
+
+    def _grasp_force(self) -> np.ndarray:
+        ws = self.params.workspace
+        out = np.zeros((self.n_envs, self.n))
+        for g in self.platform.gripper_indices:
+            depth = self.grasp_jaw - self.q[:, g]  # > 0: the jaw pressed into the object
+            push = ws["grasp_stiffness"] * depth - ws["grasp_damping"] * self.qd[:, g]
+            out[:, g] = np.where(depth > 0, np.maximum(push, 0.0), 0.0)  # NaN depth: no object
+        return out
+
     # -- simulation ---------------------------------------------------------------------
 
     @property
@@ -255,6 +276,8 @@ class World:
             spring = -band["stiffness"] * (self.q[:, j] - self.band_rest) \
                 - band["damping"] * self.qd[:, j]
             joint_force[:, j] += np.where(self.band_enabled, spring, 0.0)
+        if np.isfinite(self.grasp_jaw).any():
+            joint_force += self._grasp_force()
         friction = s.friction_budget(omega) / self.trans
         pushed = np.abs(self.external_force).sum(axis=1) > 0
         for i, (m, d) in enumerate(zip(self.models, self.datas, strict=True)):
