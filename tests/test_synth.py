@@ -66,7 +66,9 @@ def test_payload_labels_condition_and_splits(tmp_path):
 
 def test_push_labels_and_matched_reference_run(tmp_path):
     out = tmp_path / "ds"
-    synth.synthesize("omx", str(out), seed=0, trajectories_per_task=2, seconds=4.0,
+    # 2.5 s: the approach (0.5 s) and three pushes of 0.5 s slots, each with its ramps and a
+    # hold at full level (tasks._push), as in the 12 s task.
+    synth.synthesize("omx", str(out), seed=0, trajectories_per_task=2, seconds=2.5,
                      tasks=["force_y_minus", "force_y_minus_ref"])
     ds = read_dataset(out)
     push = [e for e in ds.episodes if e.task == "force_y_minus"]
