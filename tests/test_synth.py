@@ -36,7 +36,8 @@ def test_same_seed_gives_byte_identical_files(tmp_path):
 
 def test_payload_labels_condition_and_splits(tmp_path):
     out = tmp_path / "ds"
-    synth.synthesize("omx", str(out), seed=0, trajectories_per_task=10, seconds=0.8,
+    # 0.5 s: the carry interval is a fixed fraction (0.30..0.68) of any episode's duration.
+    synth.synthesize("omx", str(out), seed=0, trajectories_per_task=10, seconds=0.5,
                      tasks=["pick_place_object_300g", "go_up_and_stay_still_with_object_200g",
                             "pick_place_object_200g_degrade"])
     ds = read_dataset(out)
