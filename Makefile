@@ -25,7 +25,7 @@ setup:
 	@echo "activate the environment to get the nactuator command: source $(VENV)/bin/activate"
 
 test:
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=10
 
 test-all:
 	$(PY) -m pytest -q -m ''

@@ -37,7 +37,8 @@ def test_same_seed_gives_byte_identical_files(tmp_path):
 
 def test_payload_labels_condition_and_splits(tmp_path):
     out = tmp_path / "ds"
-    synth.synthesize("omx", str(out), seed=0, trajectories_per_task=10, seconds=0.8,
+    # 0.5 s: the carry interval is a fixed fraction (0.30..0.68) of any episode's duration.
+    synth.synthesize("omx", str(out), seed=0, trajectories_per_task=10, seconds=0.5,
                      tasks=["pick_place_object_300g", "go_up_and_stay_still_with_object_200g",
                             "pick_place_object_200g_degrade"])
     ds = read_dataset(out)
@@ -67,7 +68,9 @@ def test_payload_labels_condition_and_splits(tmp_path):
 
 def test_push_labels_and_matched_reference_run(tmp_path):
     out = tmp_path / "ds"
-    synth.synthesize("omx", str(out), seed=0, trajectories_per_task=2, seconds=4.0,
+    # 2.5 s: the approach (0.5 s) and three pushes of 0.5 s slots, each with its ramps and a
+    # hold at full level (tasks._push), as in the 12 s task.
+    synth.synthesize("omx", str(out), seed=0, trajectories_per_task=2, seconds=2.5,
                      tasks=["force_y_minus", "force_y_minus_ref"])
     ds = read_dataset(out)
     push = [e for e in ds.episodes if e.task == "force_y_minus"]
