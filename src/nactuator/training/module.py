@@ -542,7 +542,7 @@ class NeuralActuatorModule(L.LightningModule):
                 t.to(self.device), reduce_op="sum").cpu())
         figures = self.val_score.compute()
         for key, value in figures.items():
-            self.log(f"val/{key}", value, sync_dist=False)
+            self.log(f"val/{key}", value, sync_dist=False, prog_bar=key == "score")
         if self.trainer.sanity_checking:
             return
         self.val_history.append({"epoch": self.current_epoch, "step": self.global_step,
