@@ -46,7 +46,7 @@ def test_negative_kt_is_explained_in_the_baseline_report():
     note = negative_kt_note(cal, {})
     assert note.startswith("Kt < 0 on shoulder_pan, wrist_flex:")
     assert "On shoulder_pan (fit `torque-on-effort`" in note and "not identified" in note
-    assert "not a sign error of the import" in note
+    assert "Present_Load reads positive while the servo drives towards lower" in note
     assert negative_kt_note(_calibration({"a": (1.0, "effort-on-torque")}), {}) is None
     assert "Kt < 0 on a:" in negative_kt_note(_calibration({"a": (1.0, "effort-on-torque")}),
                                               {"a": {"kt": -0.5}})
@@ -60,10 +60,12 @@ def test_negative_kt_is_explained_in_the_baseline_report():
     assert text.index("Kt < 0 on shoulder_pan, wrist_flex") > table_end
 
 
-def test_the_synthetic_world_calibrates_to_a_positive_kt_on_every_joint():
+def test_the_so101_load_register_calibrates_to_a_negative_kt_as_on_the_real_servos():
     """The sign convention end to end: the hidden world encodes its load register as the
-    buses decode it, the dataset stores it, and free-motion calibration finds Kt > 0 on
-    every joint -- so a negative Kt on real data is the data, not our encoding."""
+    real STS3215 does (positive while it drives towards lower positions, docs/synthetic-
+    world.md §4a), the buses decode it, the dataset stores it, and free-motion calibration
+    finds Kt < 0 on every identified joint -- the negative Kt of the real SO-101 file is the
+    register's sign, not our encoding."""
     from nactuator.data import read_dataset
     from nactuator.data.defaults import default_dataset
     from nactuator.eval.baselines import load_settings
@@ -83,4 +85,4 @@ def test_the_synthetic_world_calibrates_to_a_positive_kt_on_every_joint():
     identified = [j for j, mode in enumerate(cal.modes) if mode == "effort-on-torque"]
     assert len(identified) >= 2  # the gravity-loaded joints at least
     kt = dict(zip(platform.channel_names, cal.kt.round(3), strict=True))
-    assert all(cal.kt[j] > 0 and cal.correlation[j] > 0 for j in identified), kt
+    assert all(cal.kt[j] < 0 and cal.correlation[j] < 0 for j in identified), kt

@@ -255,10 +255,11 @@ def negative_kt_note(calibration: Mapping, friction: Mapping) -> str | None:
                  "`calibration.min_correlation`) the slope is not identified and its sign "
                  "means nothing. ")
     return text + ("Where it is identified, the register counts the other way round from the "
-                   "joint's torque in these recordings (the SO-101 load register is a PWM duty, "
-                   "dominated by back-EMF and friction in free motion). It is not a sign error "
-                   "of the import: the synthetic worlds, which encode their registers as the "
-                   "buses decode them, give Kt > 0 on every joint (docs/evaluation.md).")
+                   "joint's torque: the STS3215 (SO-101) Present_Load reads positive while the "
+                   "servo drives towards lower positions, on every joint; the synthetic SO-101 "
+                   "world, which encodes the register as the real servos do, calibrates to "
+                   "Kt < 0 too. The classical force rows apply the signed Kt as fitted "
+                   "(docs/evaluation.md).")
 
 
 def _nc_cells(m: Mapping | None) -> list[str]:
