@@ -15,7 +15,6 @@ from nactuator.models.bundle import (
     BundleError,
     bundle_to_dict,
     load_actuator,
-    load_model,
     save_bundle,
 )
 from nactuator.models.features import (
@@ -26,6 +25,7 @@ from nactuator.models.features import (
     window_channels,
 )
 from nactuator.models.heads import OUTPUT_KEYS, ActuatorHeads
+from nactuator.models.loader import load_model
 from nactuator.models.networks import ENCODERS, ActuatorNet, build_model, count_parameters
 
 __all__ = [

@@ -182,32 +182,14 @@ def load_actuator(source: str | os.PathLike | Mapping, use_ema: bool = True,
                                        "norm_stats", "model_config", "training_config",
                                        "extra")}
     meta.update(weights=weights, source=where, mode=actuator.mode,
-                input_filters=_input_filters(bundle, where))
+                input_filters=input_filters_of(bundle, where))
     return actuator, meta
 
 
-def load_model(source: str | os.PathLike | Mapping, use_ema: bool = True,
-               map_location: Any = "cpu", expect_platform: str | None = None,
-               ) -> tuple[nn.Module, dict[str, Any]]:
-    """The one loader of "a model ``infer``, ``live`` and ``eval`` can run": a checkpoint
-    or bundle (:func:`load_actuator`), or a file written by ``nactuator export``
-    (TorchScript, or ONNX float32/int8 run with ONNX Runtime;
-    :class:`~nactuator.models.exported.ExportedActuator`). Either way the result takes a
-    window dict and returns ``tau``, ``force``, ``gate``, ``condition`` (and their logits),
-    with the same ``meta`` keys; an export's ``meta["export"]`` says which file it was.
-    ``use_ema`` and ``map_location`` apply to checkpoints (an export was written with
-    one set of weights, ``meta["weights"]``, and runs on the CPU)."""
-    if isinstance(source, Mapping):
-        return load_actuator(source, use_ema, map_location, expect_platform)
-    kind = model_kind(source)
-    if kind == CHECKPOINT:
-        return load_actuator(source, use_ema, map_location, expect_platform)
-    from nactuator.models.exported import load_exported
-
-    return load_exported(source, kind, expect_platform)
-def _input_filters(bundle: Mapping, where: str) -> dict[str, Any]:
-    """The bundle's input filter spec; for a bundle saved before they carried one, the
-    spec that reproduces its training inputs (:func:`nactuator.input_filters.legacy_spec`)."""
+def input_filters_of(bundle: Mapping, where: str) -> dict[str, Any]:
+    """The input filter spec of a bundle (or of an export's metadata: the same keys); for
+    one saved before they carried a spec, the spec that reproduces its training inputs
+    (:func:`nactuator.input_filters.legacy_spec`)."""
     try:
         if bundle.get("input_filters") is not None:
             return check_spec(bundle["input_filters"], f"{where}: input_filters")

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from nactuator.model_files import ONNX, TORCHSCRIPT
-from nactuator.models.bundle import BundleError
+from nactuator.models.bundle import BundleError, input_filters_of
 from nactuator.models.features import actuator_mode
 
 __all__ = [
@@ -177,20 +177,7 @@ def load_exported(path: str | os.PathLike, kind: str, expect_platform: str | Non
             "features": actuator.features, "n_motors": actuator.n_motors,
             "norm_stats": None, "model_config": actuator.model_config,
             "training_config": metadata.get("training_config"), "extra": None,
-            "input_filters": _input_filters(metadata, str(path)),
+            "input_filters": input_filters_of(metadata, str(path)),
             "weights": metadata.get("weights"), "source": str(path), "mode": actuator.mode,
             "export": {"kind": kind, "quantize": metadata.get("quantize", "none")}}
     return actuator, meta
-
-
-def _input_filters(metadata: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The export's input filter spec; an export written before exports carried one gets
-    the spec that reproduces its training inputs, as a checkpoint does."""
-    from nactuator.input_filters import InputFilterError, check_spec, legacy_spec
-
-    try:
-        if metadata.get("input_filters") is not None:
-            return check_spec(metadata["input_filters"], f"{where}: input_filters")
-        return legacy_spec(metadata.get("training_config"))
-    except InputFilterError as err:
-        raise BundleError(f"{where}: {err}") from err
