@@ -152,11 +152,11 @@ def test_train_summary_names_the_linked_epoch_and_why_and_warns_when_worse():
         {"epoch": 1, "score": 0.7, "joints_deg": 1.0, "joints_command_deg": 1.4},
         {"epoch": 2, "score": 0.8, "joints_deg": 1.1, "joints_command_deg": 1.4},
     ]
-    lines = selection_summary(history, "runs/x/best-epoch=01-step=00016.ckpt", "val/score")
+    lines = selection_summary(history, 0.7, "val/score")
     assert lines[0].startswith("best (epoch 1): val/score 0.700; joints 1.00°")
     assert lines[1].startswith("last (epoch 2): val/score 0.800")
     assert "best.ckpt is epoch 1, not the last (2)" in lines[2]
     assert not any("WARNING" in line for line in lines)
     worse = [{"epoch": 0, "score": 3.0, "joints_deg": 8.6, "joints_command_deg": 2.2}]
-    lines = selection_summary(worse, "best-epoch=00-step=00001.ckpt", "val/score")
+    lines = selection_summary(worse, 3.0, "val/score")
     assert any(line.startswith("WARNING: the linked model is no better") for line in lines)

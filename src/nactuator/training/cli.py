@@ -240,21 +240,13 @@ def _print_next_steps(cli: Any, paths: Sequence[str], root: Path) -> None:
         split = "test" if any(_has_split(p, "test") for p in paths) else "validation"
         link = _link(root / "best.ckpt", best)
         print(f"[nactuator] best checkpoint (lowest {selector.monitor}): {link} -> {best}")
-        for line in selection_summary(history, best, selector.monitor):
+        for line in selection_summary(history, selector.best_model_score, selector.monitor):
             print(f"[nactuator] {line}")
         print(f"[nactuator] evaluate it: nactuator eval --ckpt {link} "
               f"--data {','.join(paths)} --split {split} --out {root / 'eval'}", flush=True)
 
 
-def _epoch_of(checkpoint: str) -> int | None:
-    """The epoch in a checkpoint file name written with ``{epoch:02d}`` (``best-epoch=07``)."""
-    import re
-
-    found = re.search(r"epoch=(\d+)", Path(checkpoint).name)
-    return int(found.group(1)) if found else None
-
-
-def selection_summary(history: Sequence[dict[str, float]], best: str,
+def selection_summary(history: Sequence[dict[str, float]], best_score: Any,
                       monitor: str) -> list[str]:
     """Lines comparing the linked (best) epoch with the last one on validation, with the
     verdict against the trivial references; a warning when the model loses to them."""
@@ -262,10 +254,13 @@ def selection_summary(history: Sequence[dict[str, float]], best: str,
 
     if not history:
         return []
-    epoch = _epoch_of(best)
-    chosen = next((h for h in history if h["epoch"] == epoch), None)
-    final = history[-1]
     key = monitor.removeprefix("val/")
+    # The linked epoch is the first whose monitored value is the checkpoint's best score
+    # (ModelCheckpoint keeps the first of equal scores), whatever its file is called.
+    best = None if best_score is None else float(best_score)
+    chosen = next((h for h in history if best is not None and h.get(key) is not None
+                   and abs(h[key] - best) <= 1e-6 * max(1.0, abs(best))), None)
+    final = history[-1]
     lines = []
     for name, row in (("best", chosen), ("last", final)):
         if row is None:
