@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from nactuator.control.live import LiveLoop, summarize_timings
-from nactuator.hardware.bus import open_bus
+from nactuator.hardware.open import open_bus
 from nactuator.input_filters import input_filter_spec
 from nactuator.models import NeuralActuator, load_model
 from nactuator.platforms import load_platform

@@ -18,8 +18,8 @@ import pytest
 import scservo_sdk as scs_sdk
 
 from nactuator import servo_units as units
-from nactuator.hardware.bus import min_reply_timeout
 from nactuator.hardware.emulator import ArmState, Emulator, EmulatorError, Faults
+from nactuator.hardware.port import min_reply_timeout
 from nactuator.hardware.protocol import dxl2, scs
 
 PATIENT_MS = 5000.0

@@ -13,15 +13,15 @@ import time
 import numpy as np
 import pytest
 
-from nactuator.hardware.bus import (
+from nactuator.hardware.emulator import Emulator, Faults, ReferenceArm
+from nactuator.hardware.open import open_bus
+from nactuator.hardware.port import (
     BusError,
     HardwareAlert,
     PortError,
     ServoMissingError,
     WrongModelError,
-    open_bus,
 )
-from nactuator.hardware.emulator import Emulator, Faults, ReferenceArm
 from nactuator.hardware.recorder import with_hardware
 from nactuator.platforms import load_platform
 

@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 import scservo_sdk as scs_sdk
 
-from nactuator.hardware.bus import min_reply_timeout
 from nactuator.hardware.control_table import SPEC_BY_BUS
 from nactuator.hardware.emulator import Emulator, Faults
+from nactuator.hardware.port import min_reply_timeout
 from nactuator.hardware.protocol import dxl2
 from nactuator.platforms import load_platform
 

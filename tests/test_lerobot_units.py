@@ -14,8 +14,9 @@ import math
 import numpy as np
 
 from nactuator import servo_units as units
-from nactuator.hardware.bus import min_reply_timeout, open_bus
 from nactuator.hardware.emulator import Emulator, ReferenceArm
+from nactuator.hardware.open import open_bus
+from nactuator.hardware.port import min_reply_timeout
 from nactuator.hardware.recorder import with_hardware
 from nactuator.platforms import load_platform
 

@@ -169,7 +169,7 @@ def test_live_streams_an_exported_model_like_its_checkpoint(tmp_path) -> None:
     from nactuator.cli import main
     from nactuator.control.live import LiveLoop
     from nactuator.export import export
-    from nactuator.hardware.bus import open_bus
+    from nactuator.hardware.open import open_bus
     from nactuator.models import load_actuator, load_model
 
     stats = {k: {"mean": [0.0] * 5, "std": [1.0] * 5} for k in STATS_KEYS}
@@ -228,7 +228,7 @@ def test_the_live_loop_gives_what_infer_gives_on_the_telemetry_it_read(tmp_path)
     from nactuator.data import Episode
     from nactuator.eval.episodes import filter_episode
     from nactuator.eval.infer import predict_episodes
-    from nactuator.hardware.bus import open_bus
+    from nactuator.hardware.open import open_bus
     from nactuator.models import load_actuator
 
     spec = input_filter_spec(11, "hold_last_valid")

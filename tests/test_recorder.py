@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from nactuator.data import read_dataset
-from nactuator.hardware.bus import HardwareAlert
 from nactuator.hardware.emulator import Emulator, Faults
+from nactuator.hardware.port import HardwareAlert
 from nactuator.hardware.recorder import RecordingQualityError, record, with_hardware
 from nactuator.platforms import load_platform
 
@@ -231,7 +231,7 @@ def test_follower_lost_mid_episode_saves_partial_raises_and_names_the_servos(
 
 
 def test_bad_ports_are_named(omx, tmp_path) -> None:
-    from nactuator.hardware.bus import PortError
+    from nactuator.hardware.port import PortError
 
     with pytest.raises(PortError, match="/dev/does-not-exist.*does not exist"):
         record(omx, "/dev/does-not-exist", "/dev/also-missing", "x", seconds=0.5,

@@ -19,8 +19,8 @@ from nactuator.cli import main
 from nactuator.control.live import LiveLoop
 from nactuator.data import read_dataset
 from nactuator.data.synth import synthesize
-from nactuator.hardware.bus import open_bus
 from nactuator.hardware.emulator import Emulator
+from nactuator.hardware.open import open_bus
 from nactuator.hardware.recorder import record, with_hardware
 from nactuator.models import load_actuator
 from nactuator.platforms import load_platform

@@ -23,9 +23,10 @@ import dynamixel_sdk as dxl
 import numpy as np
 import pytest
 
-from nactuator.hardware.bus import BusError, min_reply_timeout, open_bus
 from nactuator.hardware.control_table import XM430_W350
 from nactuator.hardware.emulator import Emulator, ReferenceArm
+from nactuator.hardware.open import open_bus
+from nactuator.hardware.port import BusError, min_reply_timeout
 from nactuator.hardware.protocol import dxl2
 from nactuator.hardware.recorder import with_hardware
 from nactuator.platforms import load_platform

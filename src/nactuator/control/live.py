@@ -30,7 +30,8 @@ from typing import TextIO
 import numpy as np
 import torch
 
-from nactuator.hardware.bus import TelemetryBus, TelemetryFrame, open_bus
+from nactuator.hardware.bus import TelemetryBus, TelemetryFrame
+from nactuator.hardware.open import open_bus
 from nactuator.hardware.signals import sigterm_as_interrupt
 from nactuator.hardware.timing import FixedRate
 from nactuator.models import load_model

@@ -15,17 +15,13 @@ from lerobot.motors import Motor, MotorNormMode
 from lerobot.motors.dynamixel import DynamixelMotorsBus
 
 from nactuator import servo_units as units
-from nactuator.hardware.bus import (
-    BusError,
-    TelemetryBus,
-    TelemetryFrame,
-    lerobot_calibration,
-)
+from nactuator.hardware.bus import TelemetryBus, TelemetryFrame
 from nactuator.hardware.control_table import (
     XM430_BUS_WATCHDOG_MIN_FIRMWARE,
     XM430_HARDWARE_ERRORS,
     XM430_W350,
 )
+from nactuator.hardware.port import BusError, lerobot_calibration
 
 TELEMETRY = XM430_W350.block("Present_PWM", "Present_Temperature")
 FAST_SYNC_MIN_FIRMWARE = 45

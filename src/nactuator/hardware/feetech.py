@@ -18,13 +18,9 @@ from lerobot.motors import Motor, MotorNormMode
 from lerobot.motors.feetech import FeetechMotorsBus
 
 from nactuator import servo_units as units
-from nactuator.hardware.bus import (
-    BusError,
-    TelemetryBus,
-    TelemetryFrame,
-    lerobot_calibration,
-)
+from nactuator.hardware.bus import TelemetryBus, TelemetryFrame
 from nactuator.hardware.control_table import STS3215
+from nactuator.hardware.port import BusError, lerobot_calibration
 from nactuator.hardware.protocol import scs
 
 TELEMETRY = STS3215.block("Present_Position", "Present_Current")

@@ -32,13 +32,9 @@ from typing import Any
 import numpy as np
 
 from nactuator.data.writer import DatasetWriter
-from nactuator.hardware.bus import (
-    BusError,
-    TelemetryBus,
-    TelemetryFrame,
-    describe_failures,
-    open_bus,
-)
+from nactuator.hardware.bus import TelemetryBus, TelemetryFrame
+from nactuator.hardware.open import open_bus
+from nactuator.hardware.port import BusError, describe_failures
 from nactuator.hardware.signals import interrupts_deferred, sigterm_as_interrupt
 from nactuator.hardware.timing import FixedRate
 from nactuator.platforms import Platform, load_platform
