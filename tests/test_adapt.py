@@ -16,11 +16,11 @@ from test_training import make_dm, make_module, make_trainer, write_sim_dataset
 from nactuator.cli import main
 from nactuator.data import read_dataset
 from nactuator.eval import evaluate
+from nactuator.experiments.adapt import AdaptError, load_adapt_config, plan_episodes
+from nactuator.experiments.cv import fold_row
 from nactuator.models import load_actuator
 from nactuator.platforms import conf_dir
-from nactuator.training.adapt import AdaptError, load_adapt_config, plan_episodes
 from nactuator.training.cli import lightning_main
-from nactuator.training.cv import fold_row
 from nactuator.training.module import InitFromError
 
 PRETRAINED_SIZES = dict(width=16, depth=1, model_sizes={"head_hidden": 16, "dropout": 0.0})

@@ -60,7 +60,7 @@ def test_a_plot_is_written_whole_and_matplotlib_keeps_its_backend(tmp_path):
     path = write_png(tmp_path / "p.png", fig)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["p.png"]  # no temp file left
-    from nactuator.training.cv import plot_summary
+    from nactuator.experiments.cv import plot_summary
 
     summary = {"best": {"arm mean (deg), model": {"folds": [1.0, 2.0]},
                         "worst arm joint (deg), model": {"folds": [2.0, 3.0]},

@@ -13,7 +13,7 @@ import torch
 from nactuator.data import read_dataset
 from nactuator.data.commands import command_channels
 from nactuator.data.importers import import_bam, read_bam_log
-from nactuator.eval.bam import BENCH_SPLITS, BenchError, bam_mae, bench_bam, score_bam
+from nactuator.experiments.bam import BENCH_SPLITS, BenchError, bam_mae, bench_bam, score_bam
 from nactuator.models import NeuralActuator, bundle_to_dict, load_actuator, save_bundle
 from nactuator.models.features import COUNTERFACTUAL_FEATURES, DEFAULT_FEATURES
 from nactuator.models.firmware import FirmwareLaw

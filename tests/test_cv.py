@@ -11,7 +11,7 @@ from test_training import write_sim_dataset
 from nactuator.data import DataFormatError
 from nactuator.data.datamodule import NADDataModule
 from nactuator.data.folds import fold_splits
-from nactuator.training.cv import run_cv, summarize_folds
+from nactuator.experiments.cv import run_cv, summarize_folds
 
 
 def refs(runs_per_task: dict[str, int], test_runs: int = 1):
@@ -67,7 +67,7 @@ def test_summary_is_mean_sd_min_max_and_a_missing_fold_shows():
 
 
 def test_cv_figure_shows_folds_as_points_with_units_and_mean_sd():
-    from nactuator.training.cv import summary_figure
+    from nactuator.experiments.cv import summary_figure
 
     arm = [1.0, 1.5, 0.7]
     force = [0.40, 0.45, 0.50]

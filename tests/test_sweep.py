@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nactuator.platforms import conf_dir
-from nactuator.training.sweep import (
+from nactuator.experiments.sweep import (
     SweepError,
     build_command,
     configurations,
@@ -18,6 +17,7 @@ from nactuator.training.sweep import (
     ranked_table,
     run_sweep,
 )
+from nactuator.platforms import conf_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_training import write_sim_dataset  # noqa: E402

@@ -95,7 +95,7 @@ def _eval(a: argparse.Namespace) -> int:
 
 
 def _cv(a: argparse.Namespace, rest: list[str]) -> int:
-    from nactuator.training.cv import run_cv
+    from nactuator.experiments.cv import run_cv
 
     print(run_cv(a.platform, a.data, folds=a.folds, max_folds=a.max_folds, jobs=a.jobs,
                  out=a.out, extra_args=[x for x in rest if x != "--"]))
@@ -103,7 +103,7 @@ def _cv(a: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _adapt(a: argparse.Namespace, rest: list[str]) -> int:
-    from nactuator.training.adapt import adapt
+    from nactuator.experiments.adapt import adapt
 
     print(adapt(a.ckpt, a.data, episodes=a.episodes, out=a.out, held_out=a.held_out,
                 held_out_runs=a.held_out_runs, config=a.config,
@@ -112,7 +112,7 @@ def _adapt(a: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _bench_bam(a: argparse.Namespace, rest: list[str]) -> int:
-    from nactuator.eval.bam import bench_bam
+    from nactuator.experiments.bam import bench_bam
 
     print(bench_bam(a.src, a.out, ckpt=a.ckpt, config=a.config, device=a.device,
                     extra_args=[x for x in rest if x != "--"]))
@@ -149,7 +149,7 @@ def _export(a: argparse.Namespace) -> int:
 
 
 def _sweep(a: argparse.Namespace, rest: list[str]) -> int:
-    from nactuator.training.sweep import run_sweep
+    from nactuator.experiments.sweep import run_sweep
 
     # LightningCLI-style extras (--trainer.x=...) arrive unparsed; a "--" separator is optional.
     extra = [x for x in [*a.extra, *rest] if x != "--"]

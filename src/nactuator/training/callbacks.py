@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ProgressBar
 
-from nactuator.atomic import write_text
+from nactuator.atomic import write_json, write_text
 
 
 class LossReport(L.Callback):
@@ -128,3 +128,26 @@ class EpochLines(ProgressBar):
         total = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
         print(f"[nactuator] epoch {trainer.current_epoch + 1}{total}, step "
               f"{trainer.global_step}: {shown}", flush=True)
+
+
+CLOCK_FILE = "clock.json"  # written by AdaptClock, read by experiments.adapt
+
+
+class AdaptClock(L.Callback):
+    """Writes ``clock.json`` in the run's root: wall seconds since the start of training
+    at the end of every epoch (what the error-vs-time curve is plotted against)."""
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.epochs: list[dict[str, float]] = []
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start = time.perf_counter()
+        self.epochs = []
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero or self.start is None:
+            return
+        self.epochs.append({"epoch": trainer.current_epoch, "step": trainer.global_step,
+                            "seconds": time.perf_counter() - self.start})
+        write_json(Path(trainer.default_root_dir) / CLOCK_FILE, {"epochs": self.epochs})

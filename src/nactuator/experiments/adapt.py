@@ -18,7 +18,8 @@ Top to bottom:
 3. **Fine-tune**: ``nactuator train --platform P --data data/n_NNN --config <the train
    section of conf/train/adapt.yaml> --model.init_from=CKPT [extra args]`` in a subprocess
    (one torch thread), no validation (nothing to select on: the last epoch is the result),
-   a checkpoint after every epoch, and :class:`AdaptClock` writing each epoch's wall time.
+   a checkpoint after every epoch, and ``training.callbacks.AdaptClock`` writing each
+   epoch's wall time.
 4. **Score** with the evaluation protocol (:func:`nactuator.eval.evaluate`, split ``test``):
    the checkpoint itself as N = 0, the last epoch of every N, and every epoch of the
    ``time_curve`` runs (error vs seconds of fine-tuning).
@@ -39,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import yaml
 
 from nactuator.atomic import write_json, write_png, write_text
@@ -48,12 +48,12 @@ from nactuator.data import read_dataset
 from nactuator.data.schema import Episode
 from nactuator.errors import UserError
 from nactuator.platforms import conf_dir
+from nactuator.training.callbacks import CLOCK_FILE
 
-__all__ = ["DEFAULT_CONFIG", "AdaptClock", "AdaptError", "adapt", "load_adapt_config",
+__all__ = ["DEFAULT_CONFIG", "AdaptError", "adapt", "load_adapt_config",
            "plan_episodes"]
 
 DEFAULT_CONFIG = conf_dir() / "train" / "adapt.yaml"
-CLOCK_FILE = "clock.json"
 EPOCH_CKPT_GLOB = "ft-epoch=*.ckpt"
 TIME_CURVES = ("largest", "all", "none")
 HELD_OUT = ("auto", "test", "validation")
@@ -196,26 +196,6 @@ def _write_subset(root: Path, platform: Any, fps: float, train: Sequence[tuple],
 # -------------------------------------------------------------------- fine-tuning
 
 
-class AdaptClock(L.Callback):
-    """Writes ``clock.json`` in the run's root: wall seconds since the start of training
-    at the end of every epoch (what the error-vs-time curve is plotted against)."""
-
-    def __init__(self) -> None:
-        self.start: float | None = None
-        self.epochs: list[dict[str, float]] = []
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.start = time.perf_counter()
-        self.epochs = []
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.is_global_zero or self.start is None:
-            return
-        self.epochs.append({"epoch": trainer.current_epoch, "step": trainer.global_step,
-                            "seconds": time.perf_counter() - self.start})
-        write_json(Path(trainer.default_root_dir) / CLOCK_FILE, {"epochs": self.epochs})
-
-
 def _run(args: list[str], log: Path) -> float:
     t0 = time.perf_counter()
     code = run_nactuator(args, log)
@@ -265,7 +245,7 @@ def _fine_tune(n: int, platform: str, data: Path, ckpt: Path, train_config: Path
 def _score(ckpt: Path, data: Path, out: Path) -> dict[str, Any]:
     """``nactuator eval`` of ``ckpt`` on the test split of ``data`` (reused if present)."""
     from nactuator.eval import evaluate
-    from nactuator.training.cv import fold_row
+    from nactuator.experiments.cv import fold_row
 
     metrics = out / "metrics.json"
     stamp = out / "checkpoint.txt"

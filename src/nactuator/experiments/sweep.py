@@ -4,8 +4,9 @@ The same YAML runs online with ``wandb sweep FILE`` + ``wandb agent ID``. Here e
 configuration of the sweep (grid: every combination, the first parameter varying fastest,
 or with ``max_runs`` below the grid's size a subset that tries every value of every
 parameter first; random: ``max_runs`` seeded draws) is run as the sweep's own ``command``
-in a subprocess, with wandb forced offline, and its final metrics are read back from a JSON
-file the run writes. The result is a ranked markdown table of the sweep metric, also
+in a child process (``nactuator.child``, as cv and adapt start theirs: one BLAS thread),
+with wandb forced offline, and its final metrics are read back from a JSON file the run
+writes. The result is a ranked markdown table of the sweep metric, also
 written with all figures to ``<out>/results.json`` and ``<out>/results.md``.
 """
 
@@ -14,9 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import random
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from nactuator.atomic import write_text
+from nactuator.child import run_command
 from nactuator.errors import UserError
 from nactuator.platforms import conf_dir, read_yaml_mapping
 
@@ -201,8 +201,8 @@ def run_sweep(file: str, max_runs: int | None = None, method: str | None = None,
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     metric = spec["metric"]["name"]
-    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
-    env.setdefault("WARP_CACHE_PATH", str(conf_dir().parent / ".cache" / "warp"))
+    # wandb forced offline, whatever the sweep command asks for
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     results = []
     for k, params in enumerate(runs):
         run_dir = out_dir / f"run-{k:03d}"
@@ -217,20 +217,17 @@ def run_sweep(file: str, max_runs: int | None = None, method: str | None = None,
         ])
         print(f"[sweep] run {k + 1}/{len(runs)}: {params}", flush=True)
         started = time.perf_counter()
-        with open(run_dir / "log.txt", "w") as log:
-            log.write(" ".join(command) + "\n")
-            log.flush()
-            proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  cwd=conf_dir().parent)
+        (run_dir / "log.txt").unlink(missing_ok=True)
+        returncode = run_command(command, run_dir / "log.txt", env=env, cwd=conf_dir().parent)
         seconds = time.perf_counter() - started
         metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
         value = _metric_value(metrics, metric)
-        status = "ok" if proc.returncode == 0 and value is not None else (
-            f"failed (exit {proc.returncode}, see {run_dir / 'log.txt'})"
-            if proc.returncode else f"no {metric}")
+        status = "ok" if returncode == 0 and value is not None else (
+            f"failed (exit {returncode}, see {run_dir / 'log.txt'})"
+            if returncode else f"no {metric}")
         results.append({"run": run_dir.name, "params": params, "metric": value,
                         "metrics": metrics, "status": status, "seconds": seconds,
-                        "returncode": proc.returncode, "command": command})
+                        "returncode": returncode, "command": command})
         print(f"[sweep]   {metric} = {value} ({status}, {seconds:.0f} s)", flush=True)
     table = ranked_table(spec, results)
     summary = {"file": spec["_path"], "method": method or spec.get("method"),
