@@ -10,9 +10,11 @@ neutral tokens, so the first frames of an episode are seen exactly as in trainin
 (recorded frames, or padding before an episode's first frame) followed by frames
 ``s .. s + T − 1``. Step ``i`` builds the window ending at frame ``s + i`` from the
 *recorded* commands and telemetry and the *simulated* state (frames before ``s`` keep their
-recorded state: nothing was simulated there), asks the actuator for an effort, and steps
-the simulator to the state of frame ``s + i + 1``. Gradients flow back through every step
-(BPTT) when the caller lets them; evaluation runs the same code under ``torch.no_grad``.
+recorded state: nothing was simulated there), asks the actuator for a joint torque, and
+steps the simulator to the state of frame ``s + i + 1``. Gradients flow back through every
+step (BPTT) when the caller lets them. :func:`rollout_episodes` is the whole-episode case
+every caller shares (validation, ``eval``, ``bench-bam``, ``plan``): from each episode's
+frame 0, in eval mode, without autograd unless asked.
 
 **Inputs.** Windows hold telemetry as the input filters (:mod:`nactuator.input_filters`,
 the spec in the actuator bundle) left it: offline callers filter whole episodes first,
@@ -24,7 +26,8 @@ step are callables.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +45,9 @@ __all__ = [
     "causal_windows",
     "closed_loop_rollout",
     "episode_block",
+    "eval_mode",
+    "model_inputs",
+    "rollout_episodes",
 ]
 
 WINDOW_LENGTH = 9  # SPEC §4: 8 history frames + the current frame
@@ -56,7 +62,7 @@ ActuatorFn = Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
 
 
 class NonFiniteRollout(RuntimeError):
-    """The model produced a NaN/inf effort; the simulator must not be stepped with it."""
+    """The model produced a NaN/inf torque; the simulator must not be stepped with it."""
 
 
 def _frames_before(window_length: int) -> int:
@@ -184,7 +190,7 @@ class Rollout:
 
     q: torch.Tensor  # (B, T, n) simulated positions
     qd: torch.Tensor  # (B, T, n) simulated velocities
-    tau: torch.Tensor  # (B, T-1, n) predicted efforts (before the simulator's clip)
+    tau: torch.Tensor  # (B, T-1, n) predicted joint torques (before the simulator's clip)
     force: torch.Tensor  # (B, T-1, 3)
     gate: torch.Tensor  # (B, T-1) contact probability
     gate_logit: torch.Tensor  # (B, T-1)
@@ -236,7 +242,7 @@ def closed_loop_rollout(actuator: ActuatorFn, step: StepFn, block: Mapping[str, 
             window["pad"] = block["pad"][:, i : i + window_length]
         out = actuator(window)
         if not torch.isfinite(out["tau"]).all():
-            raise NonFiniteRollout(f"non-finite effort predicted at rollout step {i}")
+            raise NonFiniteRollout(f"non-finite torque predicted at rollout step {i}")
         q_next, qd_next = step(qs[-1], qds[-1], out["tau"])
         qs.append(q_next)
         qds.append(qd_next)
@@ -247,3 +253,55 @@ def closed_loop_rollout(actuator: ActuatorFn, step: StepFn, block: Mapping[str, 
     stacked = {k: torch.stack(v, dim=1) for k, v in outs.items()}
     return Rollout(q=torch.stack(qs[before:], dim=1), qd=torch.stack(qds[before:], dim=1),
                    **stacked)
+
+
+# ------------------------------------------------------------- whole episodes
+
+
+def model_inputs(actuator) -> tuple[str, ...]:
+    """Window channels a rollout must provide: what the actuator reads, plus the state."""
+    need = list(actuator.inputs)
+    # The simulator state is always part of the rollout even if a model ignores it.
+    need += [k for k in STATE_KEYS if k not in need]
+    return tuple(need)
+
+
+@contextmanager
+def eval_mode(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``module`` in eval mode (no dropout) inside the block; its previous mode restored."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
+
+
+def rollout_episodes(actuator, step: StepFn,
+                     episodes: Sequence[Mapping[str, object]] | Mapping[str, torch.Tensor],
+                     start_velocity: str = "rest", device: str | torch.device | None = None,
+                     grad: bool = False) -> Rollout:
+    """Whole episodes rolled out together from frame 0 (the evaluation protocol).
+
+    ``episodes``: per-episode frames (``{key: (T_b, n)}``, every channel of
+    :func:`model_inputs`), or a block :func:`episode_block` already built (the
+    DataModule's whole-episode batches). The simulation starts at each episode's recorded
+    q[0], at rest (``start_velocity="rest"``, the protocol) or at the recorded qd[0]
+    (``"recorded"``: BAM's logs start moving). The actuator runs in eval mode, under
+    ``torch.no_grad`` unless ``grad`` (then autograd is as the caller set it: planning
+    differentiates the commands, validation runs under Lightning's inference mode).
+    Returns the batched :class:`Rollout`; ``Rollout.episode(b, length)`` cuts one out.
+    """
+    if start_velocity not in ("rest", "recorded"):
+        raise ValueError(f"start_velocity must be 'rest' or 'recorded', got {start_velocity!r}")
+    window_length = actuator.window_length
+    block = (episodes if isinstance(episodes, Mapping)
+             else episode_block(episodes, model_inputs(actuator), window_length))
+    if device is not None:
+        block = {k: v.to(device) for k, v in block.items()}
+    start = window_length - 1
+    q0, qd0 = block["q"][:, start], block["qd"][:, start]
+    if start_velocity == "rest":
+        qd0 = torch.zeros_like(qd0)
+    with eval_mode(actuator), (nullcontext() if grad else torch.no_grad()):
+        return closed_loop_rollout(actuator, step, block, window_length, q0=q0, qd0=qd0)

@@ -33,7 +33,7 @@ from nactuator.eval.episodes import (
 )
 from nactuator.models import load_model
 from nactuator.platforms import load_platform
-from nactuator.rollout import causal_windows
+from nactuator.rollout import causal_windows, eval_mode
 
 __all__ = ["BATCH_SIZE", "infer", "predict_episodes"]
 
@@ -47,13 +47,8 @@ def predict_episodes(actuator, episodes: Sequence[Episode],
 
     Runs in eval mode (no dropout) without autograd; the actuator's mode is restored.
     """
-    was_training = actuator.training
-    actuator.eval()
-    try:
-        with torch.no_grad():
-            return _predict(actuator, episodes, batch_size)
-    finally:
-        actuator.train(was_training)
+    with eval_mode(actuator), torch.no_grad():
+        return _predict(actuator, episodes, batch_size)
 
 
 def _predict(actuator, episodes: Sequence[Episode],

@@ -3,10 +3,10 @@
 For every episode: the simulator starts at q = q[0] (the recorded position), qd = 0, with a
 zero-padded window. Step i builds the model's window ending at frame i from the recorded
 commands and telemetry, with the state slots (q, qd; the error follows from them) replaced
-by the *simulated* states, feeds the predicted effort through one simulator step and
-compares the simulated q with the recorded q[i+1] (:mod:`nactuator.rollout`, the same
-rollout training runs). Nothing is ever reset to the
-recording, so errors accumulate exactly as they would when the model drives a simulation.
+by the *simulated* states, feeds the predicted torque through one simulator step and
+compares the simulated q with the recorded q[i+1] (:func:`nactuator.rollout.rollout_episodes`,
+the rollout validation runs). Nothing is ever reset to the recording, so errors accumulate
+exactly as they would when the model drives a simulation.
 
 All episodes of a split roll out together as one batch.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from nactuator.data import Episode
 from nactuator.data.references import LinearForceReference, command_following
@@ -27,22 +26,14 @@ from nactuator.eval.episodes import (
     force_labels,
     is_no_contact,
 )
-from nactuator.rollout import STATE_KEYS, Rollout, closed_loop_rollout, episode_block
+from nactuator.rollout import STATE_KEYS, Rollout, model_inputs, rollout_episodes
 
-__all__ = ["FORCE_LABEL_OFFSET", "model_inputs", "rollout", "score_episode"]
+__all__ = ["FORCE_LABEL_OFFSET", "rollout", "score_episode"]
 
 # Step i (window ending at frame i) is scored against frame i + 1 for the joints (the
 # protocol); its force, gate and condition describe the window's current frame i, exactly
 # as training supervises them (training/losses.py), so they are scored against frame i.
 FORCE_LABEL_OFFSET = 0
-
-
-def model_inputs(actuator) -> tuple[str, ...]:
-    """Window channels the rollout must provide: what the actuator reads, plus the state."""
-    need = list(actuator.inputs)
-    # The simulator state is always part of the rollout even if a model ignores it.
-    need += [k for k in STATE_KEYS if k not in need]
-    return tuple(need)
 
 
 def rollout(actuator, sim, episodes: Sequence[Episode], device: str = "cpu") -> list[Rollout]:
@@ -51,20 +42,8 @@ def rollout(actuator, sim, episodes: Sequence[Episode], device: str = "cpu") -> 
 
     The actuator runs in eval mode (no dropout) and without autograd; its mode is restored.
     """
-    keys = model_inputs(actuator)
-    check_inputs(episodes, keys, simulated=STATE_KEYS)
-    block = episode_block([ep.frames for ep in episodes], keys, actuator.window_length)
-    block = {k: v.to(device) for k, v in block.items()}
-    start = actuator.window_length - 1
-    q0 = block["q"][:, start]
-    was_training = actuator.training
-    actuator.eval()
-    try:
-        with torch.no_grad():
-            batch = closed_loop_rollout(actuator, sim.step, block, actuator.window_length,
-                                        q0=q0, qd0=torch.zeros_like(q0))
-    finally:
-        actuator.train(was_training)
+    check_inputs(episodes, model_inputs(actuator), simulated=STATE_KEYS)
+    batch = rollout_episodes(actuator, sim.step, [ep.frames for ep in episodes], device=device)
     return [batch.episode(j, ep.length) for j, ep in enumerate(episodes)]
 
 

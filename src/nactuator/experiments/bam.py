@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from nactuator.atomic import json_safe, write_json, write_png, write_text
 from nactuator.child import run_nactuator
@@ -33,10 +32,9 @@ from nactuator.data import Episode
 from nactuator.data.importers import import_bam
 from nactuator.errors import UserError
 from nactuator.eval.episodes import filter_episode, load_episodes
-from nactuator.eval.protocol import model_inputs
 from nactuator.models import load_actuator
 from nactuator.platforms import conf_dir, load_platform
-from nactuator.rollout import closed_loop_rollout, episode_block
+from nactuator.rollout import rollout_episodes
 
 __all__ = ["BAM_ANCHORS", "BENCH_SPLITS", "BenchError", "bam_mae", "bench_bam", "score_bam"]
 
@@ -72,18 +70,8 @@ def _trivial(ep: Episode) -> dict[str, np.ndarray]:
 def rollout_logs(actuator, sim, episodes: Sequence[Episode]) -> list[np.ndarray]:
     """Open-loop rollouts of whole logs from each log's first sample (position and speed),
     commands only: per episode the simulated q (T,) including the start sample."""
-    keys = model_inputs(actuator)
-    block = episode_block([ep.frames for ep in episodes], keys, actuator.window_length)
-    block = {k: v.to(sim.device) for k, v in block.items()}
-    start = actuator.window_length - 1
-    was_training = actuator.training
-    actuator.eval()
-    try:
-        with torch.no_grad():
-            r = closed_loop_rollout(actuator, sim.step, block, actuator.window_length,
-                                    q0=block["q"][:, start], qd0=block["qd"][:, start])
-    finally:
-        actuator.train(was_training)
+    r = rollout_episodes(actuator, sim.step, [ep.frames for ep in episodes],
+                         start_velocity="recorded", device=sim.device)
     return [r.q[j, : ep.length, 0].cpu().numpy().astype(np.float64)
             for j, ep in enumerate(episodes)]
 

@@ -2,13 +2,13 @@
 
 Sending the target itself as the goal leaves a position servo behind it: the P law needs an
 error to make torque, gravity sags the arm, the motor saturates and lags. A counterfactual
-actuator model (docs/counterfactual.md) predicts the servo's effort for *any* command
-sequence from what is known before execution, and the simulator turns effort into motion,
+actuator model (docs/counterfactual.md) predicts the joint torque for *any* command
+sequence from what is known before execution, and the simulator turns torque into motion,
 both differentiably. So the commands ``u`` (T, n) are optimised by gradient descent (Adam)::
 
     J(u) = mean_t,j (q_sim(u)[t] - q_target[t])^2 + smoothness * mean_t,j (u[t+1] - u[t])^2
 
-where ``q_sim(u)`` is the one closed-loop rollout (:func:`nactuator.rollout.closed_loop_rollout`)
+where ``q_sim(u)`` is the one whole-episode rollout (:func:`nactuator.rollout.rollout_episodes`)
 started at rest at the target's first point, with the model reading the commands, the
 simulated state and the exogenous inputs (gain, supply voltage, temperature before the
 motion). The search starts from ``u = target``.
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from nactuator.atomic import atomic_path, json_safe, write_json, write_png, writ
 from nactuator.errors import UserError
 from nactuator.models import load_actuator
 from nactuator.platforms import Platform, load_platform
-from nactuator.rollout import closed_loop_rollout, episode_block
+from nactuator.rollout import rollout_episodes
 
 __all__ = ["PlanError", "PlanResult", "optimise_commands", "plan", "read_target"]
 
@@ -109,14 +111,21 @@ def _frames(commands: torch.Tensor, target: torch.Tensor,
     return frames
 
 
+@contextmanager
+def frozen(module: torch.nn.Module) -> Iterator[None]:
+    """The module's weights out of autograd inside the block: only the commands are optimised."""
+    for p in module.parameters():
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in module.parameters():
+            p.requires_grad_(True)
+
+
 def _rollout(actuator, sim, commands: torch.Tensor, target: torch.Tensor,
              exogenous: dict[str, torch.Tensor]) -> torch.Tensor:
-    keys = [k for k in actuator.inputs if k not in ("q", "qd")] + ["q", "qd"]
-    block = episode_block([_frames(commands, target, exogenous)], keys, actuator.window_length)
-    start = actuator.window_length - 1
-    q0 = block["q"][:, start]
-    r = closed_loop_rollout(actuator, sim.step, block, actuator.window_length, q0=q0,
-                            qd0=torch.zeros_like(q0))
+    r = rollout_episodes(actuator, sim.step, [_frames(commands, target, exogenous)], grad=True)
     return r.q[0]
 
 
@@ -139,14 +148,10 @@ def optimise_commands(actuator, sim, target: np.ndarray, exogenous: dict[str, np
     tgt = torch.tensor(np.asarray(target), dtype=torch.float32, device=device)
     exo = {k: torch.as_tensor(np.broadcast_to(exogenous[k], (tgt.shape[1],)).copy(),
                               dtype=torch.float32, device=device) for k in needed}
-    was_training = actuator.training
-    actuator.eval()
-    for p in actuator.parameters():
-        p.requires_grad_(False)
     commands = tgt.clone().requires_grad_(True)
     optimizer = torch.optim.Adam([commands], lr=lr)
     objective: list[float] = []
-    try:
+    with frozen(actuator):
         with torch.no_grad():
             naive = _rollout(actuator, sim, tgt, tgt, exo)
         best, best_value = tgt.clone(), float(((naive[1:] - tgt[1:]) ** 2).mean())
@@ -162,10 +167,6 @@ def optimise_commands(actuator, sim, target: np.ndarray, exogenous: dict[str, np
             optimizer.step()
         with torch.no_grad():
             planned = _rollout(actuator, sim, best, tgt, exo)
-    finally:
-        for p in actuator.parameters():
-            p.requires_grad_(True)
-        actuator.train(was_training)
     as_np = lambda t: t.detach().cpu().numpy().astype(np.float64)  # noqa: E731
     return PlanResult(target=np.asarray(target, np.float64), commands=as_np(best),
                       predicted_naive=as_np(naive), predicted_plan=as_np(planned),

@@ -35,7 +35,13 @@ from nactuator.models import NeuralActuator, bundle_to_dict, load_actuator
 from nactuator.models.actuator import upgrade_model_config
 from nactuator.models.features import DEFAULT_FEATURES, window_channels
 from nactuator.platforms import Platform, load_platform
-from nactuator.rollout import WINDOW_LENGTH, NonFiniteRollout, Rollout, closed_loop_rollout
+from nactuator.rollout import (
+    WINDOW_LENGTH,
+    NonFiniteRollout,
+    Rollout,
+    closed_loop_rollout,
+    rollout_episodes,
+)
 from nactuator.training.ema import EMA
 from nactuator.training.losses import (
     LossWeights,
@@ -349,10 +355,11 @@ class NeuralActuatorModule(L.LightningModule):
         rest, as the evaluation protocol does."""
         if self.actuator is None:
             raise RuntimeError("the model is not built yet: call setup() or load a checkpoint")
+        if "length" in batch:  # whole episodes from rest: the evaluation protocol's rollout
+            return rollout_episodes(self.actuator, self.simulator.step, batch,
+                                    grad=torch.is_grad_enabled())
         start = self.window_length - 1
         q0, qd0 = batch["q"][:, start], batch["qd"][:, start]
-        if "length" in batch:
-            qd0 = torch.zeros_like(qd0)
         if noise and self.hparams.init_noise_q > 0:
             q0 = q0 + self.hparams.init_noise_q * torch.randn_like(q0)
         if noise and self.hparams.init_noise_qd > 0:
@@ -432,7 +439,7 @@ class NeuralActuatorModule(L.LightningModule):
         try:
             r = self(batch, noise=True)
         except NonFiniteRollout:
-            # The model produced a non-finite effort: no rollout to score. A NaN loss that
+            # The model produced a non-finite torque: no rollout to score. A NaN loss that
             # touches every parameter makes every gradient NaN, so this update is skipped
             # below exactly like one whose loss diverged (and identically on every DDP rank).
             return self._nan_loss()
