@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from nactuator.data import read_dataset
+from nactuator.data.episodes import filter_episode
 from nactuator.data.writer import DatasetWriter
 from nactuator.eval import metrics as M
-from nactuator.eval.episodes import filter_episode, force_labels, load_episodes
+from nactuator.eval.episodes import force_labels, load_episodes
 from nactuator.eval.infer import predict_episodes
 from nactuator.input_filters import input_filter_spec
 from nactuator.models import load_actuator

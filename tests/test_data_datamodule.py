@@ -221,8 +221,8 @@ def test_several_datasets_and_platform_mismatch(coded, tmp_path):
         f = coded_frames(0, 20)
         w.add_episode({k: (np.repeat(v[:, :1], 6, 1) if v.ndim == 2 and v.shape[1] == N else v)
                        for k, v in f.items()}, "t", "train")
-    with pytest.raises(DataFormatError, match="dataset platform is 'so101', but the DataModule "
-                       "was built for 'omx'"):
+    with pytest.raises(DataFormatError, match="dataset is for platform 'so101' but the "
+                       "DataModule is for 'omx'"):
         NADDataModule([coded, other], "omx").setup()
 
 

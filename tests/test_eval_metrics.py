@@ -214,7 +214,7 @@ def test_gate_on_unlabelled_frames_of_a_payload_run_is_reported_apart():
 
 
 def test_evaluation_filters_inputs_with_the_checkpoints_causal_spec():
-    from nactuator.eval.episodes import filter_episode
+    from nactuator.data.episodes import filter_episode
     from nactuator.input_filters import input_filter_spec
 
     ep = make_episode(40)

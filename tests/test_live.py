@@ -226,7 +226,7 @@ def test_the_live_loop_gives_what_infer_gives_on_the_telemetry_it_read(tmp_path)
     ways: hold-last-valid, temperature median)."""
     from nactuator.control.live import LiveLoop
     from nactuator.data import Episode
-    from nactuator.eval.episodes import filter_episode
+    from nactuator.data.episodes import filter_episode
     from nactuator.eval.infer import predict_episodes
     from nactuator.hardware.open import open_bus
     from nactuator.models import load_actuator

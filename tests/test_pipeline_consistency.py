@@ -13,9 +13,10 @@ import torch
 
 from nactuator.data import read_dataset
 from nactuator.data.datamodule import NADDataModule
+from nactuator.data.episodes import filter_episode
 from nactuator.data.importers import import_nad
 from nactuator.data.writer import DatasetWriter
-from nactuator.eval.episodes import filter_episode, load_episodes
+from nactuator.eval.episodes import load_episodes
 from nactuator.eval.infer import predict_episodes
 from nactuator.eval.protocol import rollout as eval_rollout
 from nactuator.input_filters import TELEMETRY_KEYS, input_filter_spec

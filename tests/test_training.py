@@ -352,8 +352,8 @@ def test_resume_continues_the_curriculum(so101_data, tmp_path):
 def test_validation_scores_whole_episodes_like_eval(so101_data, tmp_path):
     """`val/joint_mae_deg` is the eval protocol's arm mean over the whole episode."""
     from nactuator.data import read_dataset
+    from nactuator.data.episodes import filter_episode
     from nactuator.eval import metrics as M
-    from nactuator.eval.episodes import filter_episode
     from nactuator.eval.protocol import rollout as eval_rollout
     from nactuator.eval.protocol import score_episode
 

@@ -31,8 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from nactuator.data.commands import COMMAND_KEYS, EXOGENOUS_KEYS, with_command_channels
 from nactuator.data.curriculum import HorizonCurriculum
-from nactuator.data.folds import fold_splits
-from nactuator.data.reader import read_dataset
+from nactuator.data.episodes import dataset_paths, episode_splits, open_datasets
 from nactuator.data.references import LinearForceReference
 from nactuator.data.schema import SPLITS, DataFormatError
 from nactuator.data.stats import norm_stats
@@ -83,15 +82,6 @@ class EpisodeInfo:
     split: str
     length: int
     payload_mass: float
-
-
-def _as_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
-    if isinstance(paths, str | Path):
-        paths = [p for p in str(paths).split(",") if p.strip()]
-    out = [Path(p).expanduser() for p in paths]
-    if not out:
-        raise DataFormatError("NADDataModule: no dataset paths given")
-    return out
 
 
 class _Segments(IterableDataset):
@@ -178,7 +168,7 @@ class NADDataModule(L.LightningDataModule):
         cv_fold: int = 0,
     ) -> None:
         super().__init__()
-        self.paths = _as_paths(paths)
+        self.paths = dataset_paths(paths)
         self.platform = platform if isinstance(platform, Platform) else load_platform(platform)
         # Plain-data hparams: they go into checkpoints (the training config of a bundle).
         self.save_hyperparameters(ignore=["paths", "platform"])
@@ -293,26 +283,8 @@ class NADDataModule(L.LightningDataModule):
             return
         p = self.platform
         n, hist = p.n, self._before
-        datasets = []
-        for path in self.paths:
-            ds = read_dataset(path)
-            if ds.platform != p.name:
-                raise DataFormatError(
-                    f"{path}: dataset platform is {ds.platform!r}, but the DataModule was "
-                    f"built for {p.name!r} (all datasets must share one platform)"
-                )
-            if ds.info["nactuator"]["channels"] != p.channel_names:
-                raise DataFormatError(
-                    f"{path}: channels {ds.info['nactuator']['channels']} differ from "
-                    f"platform {p.name!r} channels {p.channel_names}"
-                )
-            datasets.append(ds)
-        splits = {(pos, e.index): e.split for pos, ds in enumerate(datasets)
-                  for e in ds.episodes}
-        if self.cv is not None:
-            refs = [(pos, e.index, e.task, e.split) for pos, ds in enumerate(datasets)
-                    for e in ds.episodes]
-            splits = fold_splits(refs, *self.cv)
+        datasets = open_datasets(self.paths, p, owner="the DataModule")
+        splits = episode_splits(datasets, self.cv)
         episodes, parts = [], []
         self._unrecorded: dict[str, dict[str, list[str]]] = {}
         for pos, ds in enumerate(datasets):

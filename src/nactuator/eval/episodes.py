@@ -1,8 +1,10 @@
 """The episodes an evaluation runs on: a split of one or more nactuator datasets.
 
 Episodes are the data room's :class:`nactuator.data.Episode` (``frames[key]`` is (T, n)
-per motor, (T, 3) for force, NaN where unlabelled). This module picks a split, checks the
-platform and the channels, and answers the label questions the metrics ask.
+per motor, (T, 3) for force, NaN where unlabelled), selected by the one loader
+:mod:`nactuator.data.episodes` (as the DataModule selects them). This module adds what an
+evaluation needs on top: an episode the rollout can start from, the channels the model
+reads, and the label questions the metrics ask.
 """
 
 from __future__ import annotations
@@ -12,25 +14,21 @@ from pathlib import Path
 
 import numpy as np
 
-from nactuator.data import Episode, read_dataset
-from nactuator.data.commands import with_command_channels
-from nactuator.data.folds import fold_splits
+from nactuator.data import Episode
+from nactuator.data.episodes import load_split
 from nactuator.data.references import force_labels
 from nactuator.errors import UserError
 from nactuator.eval.metrics import CONTACT_THRESHOLD_N
-from nactuator.input_filters import filter_inputs
 from nactuator.platforms import Platform
 
 __all__ = [
     "EvalDataError",
     "check_inputs",
     "condition_labels",
-    "filter_episode",
     "force_labels",
     "is_no_contact",
     "load_episodes",
     "load_with_sources",
-    "split_paths",
 ]
 
 
@@ -49,21 +47,6 @@ def is_no_contact(ep: Episode) -> bool:
     return not bool((np.linalg.norm(f, axis=1) > CONTACT_THRESHOLD_N).any())
 
 
-def split_paths(data: str | Path | Sequence[str | Path]) -> list[Path]:
-    """``"a,b"`` or a list of dataset folders -> paths; each must exist."""
-    if isinstance(data, str | Path):
-        items = [p.strip() for p in str(data).split(",") if p.strip()]
-    else:
-        items = [str(p).strip() for p in data]
-    if not items:
-        raise EvalDataError("no dataset path given")
-    paths = [Path(p) for p in items]
-    for p in paths:
-        if not p.exists():
-            raise EvalDataError(f"dataset path {p} does not exist")
-    return paths
-
-
 def load_episodes(data, platform: Platform, split: str | None,
                   cv: tuple[int, int] | None = None) -> list[Episode]:
     """Every episode of ``split`` (None = all) in the dataset(s) ``data``; with ``cv =
@@ -77,30 +60,14 @@ def load_episodes(data, platform: Platform, split: str | None,
 
 def load_with_sources(data, platform: Platform, split: str | None,
                       cv: tuple[int, int] | None = None) -> list[tuple[Path, Episode]]:
-    """Like :func:`load_episodes`, each episode paired with the dataset it came from
-    (episode indices are only unique within one dataset)."""
-    datasets = []
-    for path in split_paths(data):
-        ds = read_dataset(path)
-        if ds.platform != platform.name:
-            raise EvalDataError(
-                f"{path}: dataset is for platform {ds.platform!r} but the checkpoint is for "
-                f"{platform.name!r}; evaluate a checkpoint on data of its own platform")
-        datasets.append((path, ds))
-    splits = {(pos, ep.index): ep.split for pos, (_, ds) in enumerate(datasets)
-              for ep in ds.episodes}
-    if cv is not None:
-        splits = fold_splits([(pos, ep.index, ep.task, ep.split)
-                              for pos, (_, ds) in enumerate(datasets) for ep in ds.episodes],
-                             *cv)
-    out: list[tuple[Path, Episode]] = []
-    for pos, (path, ds) in enumerate(datasets):
-        for ep in ds.episodes:
-            if split is None or splits[(pos, ep.index)] == split:
-                check_episode(ep, platform.n, path)
-                # Commands and exogenous conditions (gain, supply at the start), exactly
-                # as the DataModule derives them for training.
-                out.append((path, with_command_channels(ep, f"{path}: episode {ep.index}")))
+    """Like :func:`load_episodes`, each episode paired with the dataset folder it came from
+    (episode indices are only unique within one dataset). The selection, the derived
+    channels and the platform check are :func:`nactuator.data.episodes.load_split`'s."""
+    out = []
+    for ds, ep in load_split(data, platform, split, cv, owner="the checkpoint",
+                             error=EvalDataError):
+        check_episode(ep, platform.n, ds.root)
+        out.append((ds.root, ep))
     return out
 
 
@@ -133,12 +100,3 @@ def check_inputs(episodes: Sequence[Episode], keys: Sequence[str],
                 what = "lacks it" if arr is None else "never recorded it (all NaN)"
                 raise EvalDataError(f"episode {ep.index} ({ep.task}): the model needs channel "
                                     f"'{key}' but the data {what}")
-
-
-def filter_episode(ep: Episode, spec: dict) -> Episode:
-    """A copy of ``ep`` as the model sees it: its telemetry through the checkpoint's input
-    filters (``meta["input_filters"]`` from ``load_actuator``; the one causal function
-    training and the live loop run, :func:`nactuator.input_filters.filter_inputs`)."""
-    frames, _ = filter_inputs(ep.frames, spec)
-    return Episode(index=ep.index, task=ep.task, split=ep.split, length=ep.length,
-                   payload_mass=ep.payload_mass, meta=ep.meta, frames=frames)

@@ -15,15 +15,14 @@ from pathlib import Path
 import numpy as np
 
 from nactuator.atomic import json_safe, write_json, write_text
+from nactuator.data.episodes import dataset_paths, filter_episode
 from nactuator.data.references import LinearForceReference, is_worse, verdict
 from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
     EvalDataError,
-    filter_episode,
     is_no_contact,
     load_episodes,
     load_with_sources,
-    split_paths,
 )
 from nactuator.eval.infer import predict_episodes
 from nactuator.eval.plots import plot_force, plot_joints
@@ -151,7 +150,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     sources = [(path, filter_episode(ep, filters)) for path, ep in recorded]
     episodes = [ep for _, ep in sources]
     if not episodes:
-        where = ", ".join(str(p) for p in split_paths(data))
+        where = ", ".join(str(p) for p in dataset_paths(data))
         raise EvalDataError(f"{where}: no episodes in split {split!r}")
     linear, linear_info = _linear_reference(data, platform, filters, cv)
 
@@ -162,7 +161,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     # The deployment path on the same episodes and inputs: recorded state, no simulator.
     causal = predict_episodes(actuator, episodes)
 
-    paths = split_paths(data)
+    paths = dataset_paths(data)
     per_episode = []
     for (path, ep), ro, live in zip(sources, rollouts, causal, strict=True):
         scores = score_episode(ep, ro, scales, linear, horizons, causal=live)

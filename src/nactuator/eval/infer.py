@@ -21,15 +21,14 @@ import torch
 
 from nactuator.atomic import atomic_path
 from nactuator.data import Episode
+from nactuator.data.episodes import dataset_paths, filter_episode
 from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
     EvalDataError,
     check_inputs,
-    filter_episode,
     force_labels,
     is_no_contact,
     load_episodes,
-    split_paths,
 )
 from nactuator.models import load_model
 from nactuator.platforms import load_platform
@@ -95,7 +94,7 @@ def infer(ckpt: str | os.PathLike, data, split: str | None = None,
     platform = load_platform(meta["platform"])
     episodes = load_episodes(data, platform, split)
     if not episodes:
-        where = ", ".join(str(p) for p in split_paths(data))
+        where = ", ".join(str(p) for p in dataset_paths(data))
         raise EvalDataError(f"{where}: no episodes in split {split!r}")
     # The inputs as in training and live: the checkpoint's causal input filters.
     episodes = [filter_episode(ep, meta["input_filters"]) for ep in episodes]
@@ -120,7 +119,7 @@ def infer(ckpt: str | os.PathLike, data, split: str | None = None,
         _write_csv(pd.DataFrame(columns), Path(out))
 
     lines = [f"infer: {len(episodes)} episode(s), {frames} frames of "
-             f"{', '.join(str(p) for p in split_paths(data))} (split {split or 'all'}), "
+             f"{', '.join(str(p) for p in dataset_paths(data))} (split {split or 'all'}), "
              f"platform {platform.name}",
              f"model: {model_s:.2f} s for all frames = {frames / max(model_s, 1e-9):,.0f} "
              f"frames/s (batch {BATCH_SIZE}, {torch.get_num_threads()} thread(s)); "

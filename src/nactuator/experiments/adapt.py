@@ -44,7 +44,7 @@ import yaml
 
 from nactuator.atomic import write_json, write_png, write_text
 from nactuator.child import run_nactuator
-from nactuator.data import read_dataset
+from nactuator.data.episodes import open_datasets
 from nactuator.data.schema import Episode
 from nactuator.errors import UserError
 from nactuator.platforms import conf_dir
@@ -382,15 +382,7 @@ def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence
     ckpt = Path(ckpt).resolve()
     _, meta = load_actuator(ckpt)
     platform = load_platform(meta["platform"])
-    paths = [p.strip() for p in (data.split(",") if isinstance(data, str) else data)
-             if str(p).strip()]
-    if not paths:
-        raise AdaptError("adapt needs --data: one or more dataset folders")
-    datasets = [read_dataset(p) for p in paths]
-    for ds in datasets:
-        if ds.platform != platform.name:
-            raise AdaptError(f"{ds.root}: dataset is for platform {ds.platform!r}, the "
-                             f"checkpoint {ckpt} for {platform.name!r}")
+    datasets = open_datasets(data, platform, owner=f"the checkpoint {ckpt}", error=AdaptError)
     plan = plan_episodes(datasets, held_split, runs)
     too_many = [n for n in counts if n > len(plan.pool)]
     if too_many:
@@ -441,7 +433,8 @@ def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence
             bar.update(1)
 
     result = {
-        "checkpoint": str(ckpt), "platform": platform.name, "data": paths,
+        "checkpoint": str(ckpt), "platform": platform.name,
+        "data": [str(ds.root) for ds in datasets],
         "held_out": {"split": plan.held_out_split, "runs": plan.held_out_runs,
                      "episodes": [r.label() for r, _ in plan.held_out]},
         "pool": [r.label() for r, _ in plan.pool], "config": cfg,

@@ -29,9 +29,10 @@ import numpy as np
 from nactuator.atomic import json_safe, write_json, write_png, write_text
 from nactuator.child import run_nactuator
 from nactuator.data import Episode
+from nactuator.data.episodes import filter_episode
 from nactuator.data.importers import import_bam
 from nactuator.errors import UserError
-from nactuator.eval.episodes import filter_episode, load_episodes
+from nactuator.eval.episodes import load_episodes
 from nactuator.models import load_actuator
 from nactuator.platforms import conf_dir, load_platform
 from nactuator.rollout import rollout_episodes

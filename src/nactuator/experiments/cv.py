@@ -29,6 +29,7 @@ import numpy as np
 from nactuator.atomic import write_json, write_png, write_text
 from nactuator.child import run_nactuator
 from nactuator.data import read_dataset
+from nactuator.data.episodes import dataset_paths
 from nactuator.data.folds import runs_per_task
 from nactuator.data.references import is_worse, verdict
 from nactuator.errors import UserError
@@ -41,14 +42,6 @@ SELECTIONS = ("best", "last")  # always scored; a run's extra ModelCheckpoint fa
 
 class CVError(UserError, RuntimeError):
     """A cross-validation cannot run or a fold failed; the message says which and why."""
-
-
-def _data_paths(data: str | Sequence[str]) -> list[str]:
-    items = data.split(",") if isinstance(data, str) else list(data)
-    paths = [str(p).strip() for p in items if str(p).strip()]
-    if not paths:
-        raise CVError("cv needs --data: one or more dataset folders")
-    return paths
 
 
 def default_folds(paths: Sequence[str]) -> int:
@@ -282,7 +275,7 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
     from nactuator.progress import progress_bar
 
     name = load_platform(platform).name
-    paths = _data_paths(data)
+    paths = [str(p) for p in dataset_paths(data, CVError)]
     k = folds if folds is not None else default_folds(paths)
     chosen = list(range(k if max_folds is None else min(k, max_folds)))
     if jobs < 1:

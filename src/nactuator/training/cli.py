@@ -194,9 +194,10 @@ def train(platform: str, data: str | None = None, extra_args: Sequence[str] = ()
     at the end ``best.ckpt`` and ``last.ckpt`` in that folder point at the run's
     checkpoints, so the next command needs no version or epoch in its path."""
     from nactuator.data.defaults import default_dataset
+    from nactuator.data.episodes import dataset_paths
 
     name = load_platform(platform).name
-    paths = ([p for p in data.split(",") if p] if data
+    paths = ([str(p) for p in dataset_paths(data)] if data
              else [str(default_dataset(name, cache_dir() / "datasets"))])
     root = _root_dir(extra_args)
     argv = ["fit", "--config", str(conf_dir() / "base.yaml")]
