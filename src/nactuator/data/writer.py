@@ -1,11 +1,12 @@
 """Writing datasets: :class:`DatasetWriter` creates a dataset or opens one to append whole
-episodes, validates them against the schema, and commits each flush atomically. An append
+episodes, validates them against the schema (:mod:`nactuator.data.validation`), and commits
+each flush atomically (the tables' bytes: :mod:`nactuator.data.commit`). An append
 writes its new data and episodes files in ``.nactuator/staging``, moves them to their numbered
 places, rewrites ``tasks.parquet`` (it only ever grows) and ``stats.json``, and replaces
 ``info.json`` last, the commit point (:mod:`nactuator.data.committed`). On opening, the writer
 takes the dataset's lock, deletes whatever an interrupted append left, recomputes stale
-statistics, and commits the episodes of recordings whose process died (their journals,
-:mod:`nactuator.data.journal`).
+statistics (:mod:`nactuator.data.recovery`), and commits the episodes of recordings whose
+process died (their journals, :mod:`nactuator.data.journal`).
 """
 
 from __future__ import annotations
@@ -13,36 +14,38 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from nactuator import atomic
 from nactuator.atomic import json_safe
+from nactuator.data.commit import episodes_table, parquet_bytes, ranges, tasks_table
 from nactuator.data.committed import (
-    CommittedState,
     WriterLock,
     committed_state,
     json_bytes,
     load_info,
     load_json,
     mkdir_durable,
-    read_parquet,
     recorded_fps,
     sha256,
     stray_files,
 )
 from nactuator.data.dataset_stats import (
     add_frames,
-    committed_stats_bytes,
     stats_bytes,
     stats_from_json,
 )
-from nactuator.data.journal import EpisodeJournal, JournalError, read_journal
+from nactuator.data.journal import EpisodeJournal
+from nactuator.data.recovery import (
+    discard_journal,
+    foreign_files,
+    interrupted_recordings,
+    roll_back,
+)
 from nactuator.data.schema import (
     CHUNKS_SIZE,
     CODEBASE_VERSION,
@@ -52,13 +55,12 @@ from nactuator.data.schema import (
     FEATURES,
     FORMAT_TAG,
     PRIVATE_DIR,
-    REQUIRED_KEYS,
     SPLITS,
     DataFormatError,
     feature_schema,
-    feature_width,
     nominal_fps,
 )
+from nactuator.data.validation import check_compatible, check_labels, validate_frames
 from nactuator.platforms import Platform
 
 __all__ = ["JOURNAL_CHUNK_S", "DatasetWriter"]
@@ -77,12 +79,6 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
 def _publish(src: Path, dst: Path) -> None:
     """Move a staged file to its place in the dataset (atomic rename, flushed)."""
     atomic.replace(src, dst)
-
-
-def _parquet_bytes(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="snappy")
-    return sink.getvalue().to_pybytes()
 
 
 @dataclass
@@ -141,7 +137,7 @@ class DatasetWriter:
             if self.root.exists() and not self.root.is_dir():
                 raise DataFormatError(f"{self.root}: exists and is not a folder; expected a "
                                       "dataset folder")
-            if self.root.exists() and _foreign_files(self.root):
+            if self.root.exists() and foreign_files(self.root):
                 raise DataFormatError(
                     f"{self.root}: folder exists and is not empty but has no meta/info.json; "
                     "expected an empty folder or an existing nactuator dataset"
@@ -185,7 +181,7 @@ class DatasetWriter:
         then pass the journal to :meth:`add_episode` with the whole episode. If the process
         dies first, the next writer on this dataset commits the journaled frames as an
         interrupted episode (meta ``interrupted``/``recovered`` true)."""
-        _, meta = self._check_labels(task, split, episode_meta)
+        meta = check_labels(task, split, episode_meta, self._where())
         self._acquire()
         folder = self.root / PRIVATE_DIR / "journal" / EpisodeJournal.new_id()
         mkdir_durable(folder.parent)  # once per dataset; the journal fsyncs its own folder
@@ -205,8 +201,15 @@ class DatasetWriter:
 
         Returns the frames as stored (float32, optional keys filled) and the meta dict.
         """
-        where, meta = self._check_labels(task, split, episode_meta)
-        return self._validate_frames(frames, where), meta
+        where = self._where()
+        meta = check_labels(task, split, episode_meta, where)
+        return validate_frames(frames, self.platform, self.fps, where), meta
+
+    def _where(self) -> str:
+        """The next episode, for messages; refuses a closed writer."""
+        if self._closed:
+            raise DataFormatError(f"{self.root}: writer is closed")
+        return f"{self.root}: episode {self._next_episode}"
 
     def episode_metas(self) -> list[dict]:
         """The ``episode_meta`` of every committed and buffered episode, in index order
@@ -245,7 +248,7 @@ class DatasetWriter:
     def abort(self) -> None:
         """Drop buffered episodes; the dataset on disk stays as it was."""
         for ep in self._pending:
-            _discard_journal(ep.journal)
+            discard_journal(ep.journal)
         for journal in self._journals:
             journal.close()
         self._pending = []
@@ -263,6 +266,9 @@ class DatasetWriter:
             self.abort()
 
     # -- opening: the lock, roll back, recovery ----------------------------------------
+
+    def _check_compatible(self, info: dict) -> None:
+        check_compatible(info, self.platform, self.fps, str(self.root / "meta" / "info.json"))
 
     def _acquire(self) -> None:
         """Take the writer lock and bring the dataset to its last commit (once)."""
@@ -294,7 +300,7 @@ class DatasetWriter:
             if (self.root / "meta" / "info.json").exists():
                 raise DataFormatError(f"{self.root}: another process created a dataset here "
                                       "meanwhile; run again to append to it")
-            if _foreign_files(self.root):
+            if foreign_files(self.root):
                 raise DataFormatError(f"{self.root}: files appeared in the folder meanwhile")
             for p in stray_files(self.root):
                 p.unlink(missing_ok=True)
@@ -311,7 +317,7 @@ class DatasetWriter:
     def _open_existing(self) -> None:
         info = load_info(self.root)
         self._check_compatible(info)
-        state, self._tasks = self._roll_back(info)
+        state, self._tasks = roll_back(self.root, info, _atomic_write_bytes)
         if self._metadata:
             info["nactuator"].setdefault("metadata", {}).update(self._metadata)
         # A dataset from before nactuator.fps: its next commit moves the recorded rate there
@@ -328,60 +334,12 @@ class DatasetWriter:
         self._next_episodes_file = state.episodes_files
         self._recover_journals()
 
-    def _roll_back(self, info: dict) -> tuple[CommittedState, dict[str, int]]:
-        """Bring the files to exactly what ``info.json`` commits (returns that and the
-        committed tasks). Every step is idempotent: a crash in here is repaired by the next
-        open."""
-        state = committed_state(self.root, info)
-        meta = self.root / "meta"
-        total_tasks = int(info.get("total_tasks", 0))
-        tasks_path = meta / "tasks.parquet"
-        tasks = _load_tasks(self.root) if tasks_path.exists() else {}
-        # An interrupted append added tasks (they only grow), or a new dataset's went missing.
-        if len(tasks) != total_tasks or not tasks_path.exists():
-            kept = {t: i for t, i in tasks.items() if i < total_tasks}
-            if len(kept) != total_tasks:
-                raise DataFormatError(f"{tasks_path}: holds {len(tasks)} tasks, info.json "
-                                      f"commits {total_tasks}; expected at least those")
-            _atomic_write_bytes(tasks_path, _parquet_bytes(_tasks_table(kept)))
-            tasks = kept
-        if not state.stats_current:  # stats.json of an interrupted append: recompute
-            data = committed_stats_bytes(self.root, info, state.rows)
-            _atomic_write_bytes(meta / "stats.json", data)
-            info.setdefault("nactuator", {})["commit"] = {
-                "total_episodes": state.total, "data_files": state.data_files,
-                "episodes_files": state.episodes_files, "stats_sha256": sha256(data)}
-            _atomic_write_bytes(meta / "info.json", json_bytes(json_safe(info)))
-        for p in state.leftovers:
-            p.unlink(missing_ok=True)
-        if state.leftovers:
-            log.warning("%s: removed %d file(s) left by an interrupted write; the dataset "
-                        "holds its %d committed episodes", self.root, len(state.leftovers),
-                        state.total)
-        return state, tasks
-
     def _recover_journals(self) -> None:
         """Commit the frames of recordings whose process died (see EpisodeJournal)."""
-        folder = self.root / PRIVATE_DIR / "journal"
-        journals = sorted(p for p in folder.glob("*") if p.is_dir())
-        if not journals:
+        if not (self.root / PRIVATE_DIR / "journal").is_dir():
             return
         committed = {m.get("journal") for m in self.episode_metas()}
-        for journal in journals:
-            if journal.name in committed:  # committed, then the process died: just delete
-                shutil.rmtree(journal, ignore_errors=True)
-                continue
-            try:
-                header, frames = read_journal(journal)
-            except JournalError as e:
-                if not any(journal.glob("chunk-*.parquet")):  # died while starting: empty
-                    shutil.rmtree(journal, ignore_errors=True)
-                else:
-                    log.warning("%s: cannot recover an interrupted recording: %s", self.root, e)
-                continue
-            if frames is None:  # died before the first chunk reached the disk
-                shutil.rmtree(journal, ignore_errors=True)
-                continue
+        for journal, header, frames in interrupted_recordings(self.root, committed):
             meta = {**header.get("episode_meta", {}), "interrupted": True, "recovered": True,
                     "journal": journal.name}
             try:
@@ -447,121 +405,9 @@ class DatasetWriter:
         for ep in self._pending:
             if self._metas is not None:
                 self._metas.append(ep.meta)
-            _discard_journal(ep.journal)
+            discard_journal(ep.journal)
         self._pending = []
         self._pending_bytes = 0
-
-    def _check_labels(self, task: str, split: str, episode_meta: dict | None) -> tuple[str, dict]:
-        if self._closed:
-            raise DataFormatError(f"{self.root}: writer is closed")
-        where = f"{self.root}: episode {self._next_episode}"
-        if not isinstance(task, str) or not task.strip():
-            raise DataFormatError(f"{where}: task must be a non-empty string, got {task!r}")
-        if split not in SPLITS:
-            raise DataFormatError(f"{where}: split must be one of {SPLITS}, got {split!r}")
-        meta = dict(episode_meta or {})
-        try:
-            json.dumps(meta, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise DataFormatError(f"{where}: episode_meta must be plain JSON data: {e}") from e
-        return where, meta
-
-    def _check_compatible(self, info: dict) -> None:
-        where = f"{self.root / 'meta' / 'info.json'}"
-        theirs = info.get("nactuator", {}).get("platform")
-        if theirs != self.platform.name:
-            raise DataFormatError(
-                f"{where}: dataset platform is {theirs!r}, "
-                f"cannot append {self.platform.name!r} data"
-            )
-        theirs_fps = recorded_fps(info, where)
-        if abs(theirs_fps - self.fps) > 1e-6 * self.fps:
-            raise DataFormatError(
-                f"{where}: fps mismatch when appending: dataset has {theirs_fps:g}, "
-                f"writer got {self.fps:g}"
-            )
-        names = info["features"]["observation.state"]["names"]
-        if names != self.platform.channel_names:
-            raise DataFormatError(
-                f"{where}: channel names {names} differ from platform {self.platform.name!r} "
-                f"channels {self.platform.channel_names}"
-            )
-
-    def _validate_frames(self, frames: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
-        if not isinstance(frames, dict):
-            raise DataFormatError(f"{where}: frames must be a dict of arrays, got {type(frames)}")
-        allowed = set(FEATURES) | {"timestamp"}
-        unknown = sorted(set(frames) - allowed)
-        if unknown:
-            raise DataFormatError(
-                f"{where}: unknown frame keys {unknown}; expected canonical keys {sorted(allowed)}"
-            )
-        missing = [k for k in REQUIRED_KEYS if k not in frames]
-        if missing:
-            raise DataFormatError(f"{where}: missing required frame keys {missing}")
-        n = self.platform.n
-        length = None
-        unrecorded = set(self.platform.data.get("unrecorded", []))
-        # A motor whose telemetry was not read this cycle may have NaN channels there.
-        missed = None
-        if "telemetry_valid" in frames:
-            valid = np.asarray(frames["telemetry_valid"], dtype=np.float64)
-            if valid.ndim == 2 and valid.shape[1] == n:
-                missed = valid == 0
-        clean: dict[str, np.ndarray] = {}
-        for key, spec in FEATURES.items():
-            w = feature_width(spec, n)
-            if key not in frames:
-                continue
-            arr = np.asarray(frames[key], dtype=np.float64)
-            expect = "(T,)" if spec.width == "1" else f"(T, {w})"
-            if spec.width == "1" and arr.ndim == 2 and arr.shape[1] == 1:
-                arr = arr[:, 0]
-            if (spec.width == "1" and arr.ndim != 1) or (
-                spec.width != "1" and (arr.ndim != 2 or arr.shape[1] != w)
-            ):
-                raise DataFormatError(f"{where}: '{key}' has shape {arr.shape}, expected {expect}")
-            if length is None:
-                length = arr.shape[0]
-            if arr.shape[0] != length:
-                raise DataFormatError(
-                    f"{where}: '{key}' has {arr.shape[0]} frames, other keys have {length}"
-                )
-            if np.isinf(arr).any():
-                raise DataFormatError(f"{where}: '{key}' contains inf")
-            if spec.required and key not in unrecorded:
-                bad = np.isnan(arr)
-                if missed is not None and missed.shape == bad.shape:
-                    bad &= ~missed
-                if bad.any():
-                    t, j = np.argwhere(bad)[0]
-                    raise DataFormatError(
-                        f"{where}: NaN in required channel '{key}' "
-                        f"(channel {self.platform.channel_names[j]!r}, frame {t})"
-                    )
-            if key in ("telemetry_valid", "torque_enable") and not np.isin(arr, (0.0, 1.0)).all():
-                raise DataFormatError(f"{where}: '{key}' must hold only 0 or 1")
-            if key == "condition" and ((arr < 0) | (arr > 1)).any():
-                raise DataFormatError(f"{where}: 'condition' must be in [0, 1] or NaN")
-            clean[key] = arr.reshape(length, w).astype(np.float32)
-        if not length:
-            raise DataFormatError(f"{where}: empty episode (0 frames)")
-        for key, spec in FEATURES.items():
-            if key not in clean:
-                shape = (length, feature_width(spec, n))
-                clean[key] = np.full(shape, spec.default, dtype=np.float32)
-        if "timestamp" in frames:
-            ts = np.asarray(frames["timestamp"], dtype=np.float64).reshape(-1)
-            if ts.shape[0] != length:
-                raise DataFormatError(
-                    f"{where}: 'timestamp' has {ts.shape[0]} frames, other keys have {length}"
-                )
-            if not np.isfinite(ts).all() or (np.diff(ts) < 0).any():
-                raise DataFormatError(f"{where}: 'timestamp' must be finite and non-decreasing")
-        else:
-            ts = np.arange(length, dtype=np.float64) / self.fps
-        clean["timestamp"] = ts.astype(np.float32)
-        return clean
 
     # -- writing ---------------------------------------------------------------------
 
@@ -641,8 +487,8 @@ class DatasetWriter:
         staging = self.root / PRIVATE_DIR / "staging"
         staged_data, staged_eps = staging / "data.parquet", staging / "episodes.parquet"
         mkdir_durable(staging)
-        _atomic_write_bytes(staged_data, _parquet_bytes(data_table))
-        _atomic_write_bytes(staged_eps, _parquet_bytes(_episodes_table(rows, n)))
+        _atomic_write_bytes(staged_data, parquet_bytes(data_table))
+        _atomic_write_bytes(staged_eps, parquet_bytes(episodes_table(rows, n)))
         mkdir_durable(data_path.parent)
         mkdir_durable(ep_path.parent)
         _publish(staged_data, data_path)
@@ -690,14 +536,14 @@ class DatasetWriter:
     def _splits_after(self, rows: list[dict]) -> dict[str, str]:
         """info.json ``splits``: episode index ranges per split, e.g. ``"0:8,9:12"``."""
         per: dict[str, list[int]] = {s: [] for s in SPLITS}
-        for s, ranges in self._info.get("splits", {}).items():
-            for r in ranges.split(","):
+        for s, spans in self._info.get("splits", {}).items():
+            for r in spans.split(","):
                 if r:
                     a, b = (int(x) for x in r.split(":"))
                     per.setdefault(s, []).extend(range(a, b))
         for r in rows:
             per[r["split"]].append(r["episode_index"])
-        return {s: _ranges(sorted(v)) for s, v in per.items() if v}
+        return {s: ranges(sorted(v)) for s, v in per.items() if v}
 
     def _write_meta(self, info_first: bool = False) -> None:
         """tasks.parquet and stats.json, then info.json: the commit. A new dataset writes
@@ -711,93 +557,8 @@ class DatasetWriter:
             "stats_sha256": sha256(stats),
         }
         info = (meta / "info.json", json_bytes(json_safe(self._info)))
-        others = [(meta / "tasks.parquet", _parquet_bytes(_tasks_table(self._tasks))),
+        others = [(meta / "tasks.parquet", parquet_bytes(tasks_table(self._tasks))),
                   (meta / "stats.json", stats)]
         mkdir_durable(meta)
         for path, data in [info, *others] if info_first else [*others, info]:
             _atomic_write_bytes(path, data)
-
-
-def _ranges(indices: list[int]) -> str:
-    out, start, prev = [], None, None
-    for i in indices:
-        if start is None:
-            start = prev = i
-        elif i == prev + 1:
-            prev = i
-        else:
-            out.append(f"{start}:{prev + 1}")
-            start = prev = i
-    if start is not None:
-        out.append(f"{start}:{prev + 1}")
-    return ",".join(out)
-
-
-def _episodes_table(rows: list[dict], n: int) -> pa.Table:
-    cond = np.stack([r["condition"] for r in rows]).reshape(-1)
-    cols = {
-        "episode_index": pa.array([r["episode_index"] for r in rows], pa.int64()),
-        "tasks": pa.array([r["tasks"] for r in rows], pa.list_(pa.string())),
-        "length": pa.array([r["length"] for r in rows], pa.int64()),
-        "split": pa.array([r["split"] for r in rows], pa.string()),
-        "task": pa.array([r["task"] for r in rows], pa.string()),
-        "payload_mass": pa.array([r["payload_mass"] for r in rows], pa.float64()),
-        "condition": pa.FixedSizeListArray.from_arrays(pa.array(cond, pa.float32()), n),
-        "data/chunk_index": pa.array([r["data/chunk_index"] for r in rows], pa.int64()),
-        "data/file_index": pa.array([r["data/file_index"] for r in rows], pa.int64()),
-        "dataset_from_index": pa.array([r["dataset_from_index"] for r in rows], pa.int64()),
-        "dataset_to_index": pa.array([r["dataset_to_index"] for r in rows], pa.int64()),
-        "meta/episodes/chunk_index": pa.array(
-            [r["meta/episodes/chunk_index"] for r in rows], pa.int64()
-        ),
-        "meta/episodes/file_index": pa.array(
-            [r["meta/episodes/file_index"] for r in rows], pa.int64()
-        ),
-        "meta": pa.array([r["meta"] for r in rows], pa.string()),
-    }
-    return pa.table(cols)
-
-
-def _tasks_table(tasks: dict[str, int]) -> pa.Table:
-    """LeRobot reads tasks.parquet with pandas (task string as the index); write that shape."""
-    names = sorted(tasks, key=tasks.get)
-    table = pa.table(
-        {
-            "task_index": pa.array([tasks[t] for t in names], pa.int64()),
-            "__index_level_0__": pa.array(names, pa.string()),
-        }
-    )
-    pandas_meta = {
-        "index_columns": ["__index_level_0__"],
-        "column_indexes": [],
-        "columns": [
-            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
-             "numpy_type": "int64", "metadata": None},
-            {"name": None, "field_name": "__index_level_0__", "pandas_type": "unicode",
-             "numpy_type": "object", "metadata": None},
-        ],
-        "creator": {"library": "pyarrow", "version": pa.__version__},
-        "pandas_version": "2.2.0",
-    }
-    return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
-
-
-def _load_tasks(root: Path) -> dict[str, int]:
-    """tasks.parquet as written by :func:`_tasks_table`: task string -> task_index."""
-    table = read_parquet(root / "meta" / "tasks.parquet")
-    names = table.column("__index_level_0__").to_pylist()
-    return dict(zip(names, table.column("task_index").to_pylist(), strict=True))
-
-
-def _foreign_files(root: Path) -> list[Path]:
-    """Files in a folder without info.json that a crashed dataset creation cannot explain."""
-    ours = set(stray_files(root))
-    return [p for p in root.rglob("*")
-            if p.is_file() and p not in ours and p.relative_to(root).parts[0] != PRIVATE_DIR]
-
-
-def _discard_journal(journal: EpisodeJournal | Path | None) -> None:
-    if isinstance(journal, EpisodeJournal):
-        journal.discard()
-    elif journal is not None:
-        shutil.rmtree(journal, ignore_errors=True)

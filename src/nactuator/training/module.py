@@ -33,6 +33,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from nactuator.errors import UserError
 from nactuator.models import NeuralActuator, bundle_to_dict, load_actuator
 from nactuator.models.actuator import upgrade_model_config
+from nactuator.models.config import physics_inputs, resolve_model_config
 from nactuator.models.features import DEFAULT_FEATURES, window_channels
 from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import (
@@ -54,49 +55,13 @@ from nactuator.training.losses import (
 )
 from nactuator.training.selection import ValidationScore
 
-# Which size name is the "width" and the "depth" of each architecture, so that one sweep
-# axis (model.width / model.depth) means the same thing for every arch.
-WIDTH_KEY = {"transformer": "d_model", "mlp": "hidden", "gru": "hidden", "lstm": "hidden"}
-DEPTH_KEY = {"transformer": "n_layers", "mlp": "n_layers", "gru": "n_layers", "lstm": "n_layers"}
+
+class CheckpointMismatchError(UserError, ValueError):
+    """A checkpoint this run cannot load (platform, features, window or model config)."""
 
 
-class InitFromError(UserError, ValueError):
+class InitFromError(CheckpointMismatchError):
     """``model.init_from`` names a checkpoint this run cannot start from; the message says why."""
-
-
-def resolve_model_config(
-    arch: str, window_length: int, width: int | None, depth: int | None,
-    sizes: dict[str, Any] | None
-) -> dict[str, Any]:
-    """``{"arch", "window_length", **sizes}`` for ``NeuralActuator``.
-
-    ``width``/``depth`` set the architecture's main width and layer count; for the
-    transformer the feed-forward size follows as 2 × width (SPEC §4: 192 → 384) unless
-    ``sizes`` names ``d_ff`` explicitly.
-    """
-    if arch not in WIDTH_KEY:
-        raise ValueError(f"model.arch must be one of {sorted(WIDTH_KEY)}, got {arch!r}")
-    config: dict[str, Any] = {"arch": arch, "window_length": window_length}
-    if width is not None:
-        config[WIDTH_KEY[arch]] = int(width)
-        if arch == "transformer":
-            config["d_ff"] = 2 * int(width)
-    if depth is not None:
-        config[DEPTH_KEY[arch]] = int(depth)
-    config.update(sizes or {})
-    return config
-
-
-def physics_inputs(model_config: dict[str, Any]) -> list[str]:
-    """Window keys the model config's physics actuator reads (none without one)."""
-    from nactuator.models.physics import PHYSICS
-
-    physics = model_config.get("physics")
-    kind = physics.get("kind") if isinstance(physics, dict) else None
-    if kind not in PHYSICS:
-        return []
-    skip = {"initial_temperature"} if physics.get("temperature") is False else set()
-    return [k for k in PHYSICS[kind].inputs if k not in skip]
 
 
 def firmware_config(platform: Platform, features: list[str],
@@ -260,22 +225,9 @@ class NeuralActuatorModule(L.LightningModule):
         """
         where = f"model.init_from={source}"
         actuator, meta = load_actuator(source, use_ema=True)
-        if meta["platform"] != self.platform.name:
-            raise InitFromError(
-                f"{where}: the checkpoint was trained for platform {meta['platform']!r}, but "
-                f"this run is for {self.platform.name!r}; fine-tune a checkpoint of the same "
-                "platform")
-        if list(meta["features"]) != self.features:
-            raise InitFromError(
-                f"{where}: the checkpoint reads feature groups {list(meta['features'])}, this "
-                f"run is configured for {self.features}; set model.features to the "
-                "checkpoint's")
         config = upgrade_model_config(actuator.model_config)
-        if config.get("window_length") != self.window_length:
-            raise InitFromError(
-                f"{where}: the checkpoint's window is {config.get('window_length')} frames, "
-                f"this run's is {self.window_length}; set data.window_length to the "
-                "checkpoint's")
+        self.check_checkpoint(where, meta["platform"], list(meta["features"]), config,
+                              InitFromError)
         ignored = sorted(k for k in set(config) | set(self.model_config)
                          if k in self.model_config and self.model_config[k] != config.get(k))
         self.model_config = config
@@ -291,6 +243,32 @@ class NeuralActuatorModule(L.LightningModule):
             rank_zero_info(f"[nactuator] {where}: normalising with the checkpoint's statistics; "
                            f"the new data's train-split mean differs from them by at most "
                            f"{shift:.2f} checkpoint std ({key})")
+
+    def check_checkpoint(self, where: str, platform: str | None, features: Any,
+                         config: dict[str, Any], error: type[Exception],
+                         expected: dict[str, Any] | None = None) -> None:
+        """The one compatibility check of a checkpoint with this run (``model.init_from``
+        and checkpoint load): same platform, feature groups and window; with ``expected``
+        (a loaded checkpoint must rebuild this run's model exactly) the same model config."""
+        if platform != self.platform.name:
+            raise error(
+                f"{where}: the checkpoint was trained for platform {platform!r}, but this "
+                f"run is for {self.platform.name!r} ({self.platform.source}); use a "
+                "checkpoint of the same platform")
+        if list(features or []) != self.features:
+            raise error(
+                f"{where}: the checkpoint reads feature groups {features}, this run is "
+                f"configured for {self.features}; set model.features to the checkpoint's")
+        if config.get("window_length") != self.window_length:
+            raise error(
+                f"{where}: the checkpoint's window is {config.get('window_length')} frames, "
+                f"this run's is {self.window_length}; set data.window_length to the "
+                "checkpoint's")
+        if expected is not None and config != expected:
+            diff = sorted(k for k in set(expected) | set(config)
+                          if expected.get(k) != config.get(k))
+            raise error(f"{where}: the model config differs from this run's in {diff}: "
+                        f"checkpoint {config}, run {expected}")
 
     def _check_platform_of(self, datamodule: Any) -> None:
         platform = getattr(datamodule, "platform", None)
@@ -619,29 +597,18 @@ class NeuralActuatorModule(L.LightningModule):
                 "checkpoint has no 'nactuator' bundle: it was not written by "
                 "NeuralActuatorModule (keys: " + ", ".join(sorted(checkpoint)[:8]) + ")"
             )
-        if bundle.get("platform") != self.platform.name:
-            raise ValueError(
-                f"checkpoint was trained for platform {bundle.get('platform')!r}, but this "
-                f"run is configured for {self.platform.name!r} ({self.platform.source})"
-            )
-        if bundle.get("features") != self.features:
-            raise ValueError(
-                f"checkpoint uses feature groups {bundle.get('features')}, this run is "
-                f"configured for {self.features}"
-            )
+        saved = upgrade_model_config(bundle.get("model_config") or {})
+        self.check_checkpoint("checkpoint", bundle.get("platform"), bundle.get("features"),
+                              saved, CheckpointMismatchError,
+                              expected=None if self.actuator is None else
+                              dict(self.actuator.model_config))
         if self.actuator is None:
             if self.hparams.init_from:  # the architecture came from the init checkpoint
                 self.model_config = upgrade_model_config(bundle.get("model_config") or {})
             self.build_actuator(bundle["norm_stats"])
-        expected = dict(self.actuator.model_config)
-        saved = upgrade_model_config(bundle.get("model_config") or {})
-        if saved != expected:
-            diff = sorted(k for k in set(expected) | set(saved)
-                          if expected.get(k) != saved.get(k))
-            raise ValueError(
-                f"checkpoint model config differs from this run's in {diff}: checkpoint "
-                f"{saved}, run {expected}"
-            )
+            self.check_checkpoint("checkpoint", bundle.get("platform"), bundle.get("features"),
+                                  saved, CheckpointMismatchError,
+                                  expected=dict(self.actuator.model_config))
         state = checkpoint.get("nactuator_training")
         if state is not None:
             self.ema.load_state_dict(state["ema"])

@@ -1,52 +1,34 @@
-"""Importers: NAD CSV folders (OMX, SO-101, Franka) and BAM XL330 JSON logs -> nactuator datasets.
-
-Raw register units are converted to SI here, once, using the unit table in each platform's
-``data:`` section (conf/platform/*.yaml). Every file is parsed and validated before the
-first byte is written, so a bad file leaves the output dataset untouched. Each episode
-keeps its source file's sha256 (``source_sha256``), so importing a file whose content is
-already in the dataset is skipped and reported (``allow_duplicates=True`` imports it anyway).
-"""
+"""The NAD CSV importer (OMX, SO-101, Franka): one CSV file per episode, labels from the
+folder names, raw register units -> SI with the unit table of each platform's ``data:``
+section (nad-format.md)."""
 
 from __future__ import annotations
 
 import hashlib
 import io
-import json
 import math
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from nactuator.data.importers.common import (
+    FPS_TOLERANCE,
+    UTF8_BOM,
+    ParsedEpisode,
+    find_files,
+    write_episodes,
+)
 from nactuator.data.schema import SPLITS, DataFormatError
-from nactuator.data.writer import DatasetWriter
 from nactuator.platforms import Platform, list_platforms, load_platform
 
-__all__ = ["import_bam", "import_nad", "read_bam_log", "read_nad_csv"]
+__all__ = ["expand_header", "import_nad", "read_nad_csv"]
 
 NAD_SENTINEL = -999.0  # "no force reading on this frame" (nad-format.md §6)
-FPS_TOLERANCE = 0.25  # measured frame rate may differ from the platform's by this fraction
-UTF8_BOM = b"\xef\xbb\xbf"
-
-
-@dataclass
-class ParsedEpisode:
-    """One source file, converted: canonical frames plus its labels."""
-
-    source: Path
-    platform: Platform
-    frames: dict[str, np.ndarray]
-    task: str
-    split: str
-    meta: dict
-
-
-# --------------------------------------------------------------------------- NAD CSV
 
 
 def expand_header(spec: str) -> list[str]:
@@ -294,80 +276,6 @@ def read_nad_csv(
     return ParsedEpisode(path, p, frames, task, split, meta)
 
 
-def _find_files(src: Path, suffix: str) -> list[Path]:
-    if src.is_file():
-        return [src]
-    if not src.is_dir():
-        raise DataFormatError(f"{src}: no such file or folder")
-    files = sorted(p for p in src.rglob(f"*{suffix}") if p.is_file())
-    if not files:
-        raise DataFormatError(f"{src}: no *{suffix} files found")
-    return files
-
-
-def _write(out: Path, episodes: list[ParsedEpisode], metadata: dict,
-           allow_duplicates: bool) -> str:
-    platforms = {e.platform.name for e in episodes}
-    if len(platforms) > 1:
-        by = {name: next(str(e.source) for e in episodes if e.platform.name == name)
-              for name in sorted(platforms)}
-        raise DataFormatError(f"mixed platforms in one import: {by}; import them separately")
-    platform = episodes[0].platform
-    fps = platform.fps
-    with DatasetWriter(out, platform, fps, metadata=metadata) as writer:
-        for e in episodes:  # validate all first: a large import may flush more than once
-            try:
-                writer.check_episode(e.frames, e.task, e.split, e.meta)
-            except DataFormatError as err:
-                raise DataFormatError(f"{e.source}: {err}") from err
-        new, duplicates = _new_episodes(episodes, writer, allow_duplicates)
-        for e in new:
-            writer.add_episode(e.frames, e.task, e.split, e.meta)
-    lines = [_summary(out, new, fps)] if new else [
-        f"nothing imported: every file is already in {out}"]
-    if duplicates:
-        names = [f"{e.source.name} (= {dup})" for e, dup in duplicates]
-        shown = ", ".join(names[:5]) + (f", ... ({len(names) - 5} more)" if len(names) > 5 else "")
-        lines.append(f"skipped {len(duplicates)} file(s) whose content is already in the "
-                     f"dataset (same sha256): {shown}; --allow-duplicates imports them again")
-    return "\n".join(lines)
-
-
-def _new_episodes(episodes: list[ParsedEpisode], writer: DatasetWriter,
-                  allow_duplicates: bool) -> tuple[list[ParsedEpisode], list]:
-    """Split off files whose content (sha256) the dataset holds, or an earlier file here."""
-    if allow_duplicates:
-        return episodes, []
-    seen = {m["source_sha256"]: f"episode {i} ({m.get('source', '?')})"
-            for i, m in enumerate(writer.episode_metas()) if m.get("source_sha256")}
-    new, duplicates = [], []
-    for e in episodes:
-        digest = e.meta["source_sha256"]
-        if digest in seen:
-            duplicates.append((e, seen[digest]))
-        else:
-            seen[digest] = f"{e.source} in this import"
-            new.append(e)
-    return new, duplicates
-
-
-def _summary(out: Path, episodes: list[ParsedEpisode], fps: float) -> str:
-    frames = sum(len(e.frames["timestamp"]) for e in episodes)
-    splits = Counter(e.split for e in episodes)
-    tasks = Counter(e.task for e in episodes)
-    labelled = [np.isfinite(e.frames["force"]).any(axis=1) for e in episodes if "force" in e.frames]
-    force = int(sum(m.sum() for m in labelled))
-    lines = [
-        f"imported {len(episodes)} episodes ({frames} frames, {frames / fps:.1f} s at {fps} Hz) "
-        f"into {out}",
-        f"platform: {episodes[0].platform.name}",
-        "splits: " + ", ".join(f"{s} {splits[s]}" for s in SPLITS if splits[s]),
-        f"tasks ({len(tasks)}): " + ", ".join(f"{t} x{k}" for t, k in sorted(tasks.items())),
-        f"force-labelled frames: {force} of {frames}",
-    ]
-    return "\n".join(lines)
-
-
 def _labelled_files(src: Path, task: str | None, split: str | None) -> tuple[list[Path], tuple]:
     """The CSVs that ``--task``/``--split`` label: ``src`` itself, or the ``*.csv`` directly
     in a flat folder (a folder with CSVs in sub-folders is the NAD layout's job)."""
@@ -417,7 +325,7 @@ def import_nad(src: str | Path, out: str | Path, platform: str | None = None,
     if task is not None or split is not None:
         files, labels = _labelled_files(src, task, split)
     else:
-        files = _find_files(src, ".csv")
+        files = find_files(src, ".csv")
     episodes, skipped = [], []
     for f in files:
         other = _other_platform(f, platform, layouts) if src.is_dir() else None
@@ -429,7 +337,7 @@ def import_nad(src: str | Path, out: str | Path, platform: str | None = None,
     if not episodes:
         raise DataFormatError(f"{src}: no NAD CSV of platform {platform!r} "
                               f"({len(skipped)} files of other platforms)")
-    summary = _write(out, episodes, {"source": "NAD (Frank-ZY-Dou/Dynamics-Modeling)"},
+    summary = write_episodes(out, episodes, {"source": "NAD (Frank-ZY-Dou/Dynamics-Modeling)"},
                      allow_duplicates)
     if skipped:
         kinds = Counter(name for _, name in skipped)
@@ -449,142 +357,3 @@ def _other_platform(path: Path, platform: str | None, layouts: dict) -> str | No
         if name != platform and header == expected:
             return name
     return None
-
-
-# --------------------------------------------------------------------------- BAM JSON
-
-_BAM_HEADER = ("mass", "length", "kp", "vin", "motor", "trajectory", "entries")
-_BAM_FIELDS = ("timestamp", "position", "speed", "load", "input_volts", "temp",
-               "goal_position", "torque_enable")
-
-
-BAM_GRIDS = ("first_sample", "bam")
-
-
-def _lerp_extrapolated(grid: np.ndarray, t: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Linear interpolation that extends the first and last segments beyond the samples
-    (scipy's ``interp1d(fill_value="extrapolate")``, which BAM's processing uses)."""
-    out = np.interp(grid, t, v)
-    if len(t) >= 2:
-        before, after = grid < t[0], grid > t[-1]
-        out[before] = v[0] + (grid[before] - t[0]) * (v[1] - v[0]) / (t[1] - t[0])
-        out[after] = v[-1] + (grid[after] - t[-1]) * (v[-1] - v[-2]) / (t[-1] - t[-2])
-    return out
-
-
-def read_bam_log(path: str | Path, platform: Platform | None = None,
-                 splits: dict | None = None, grid: str | None = None) -> ParsedEpisode:
-    """Parse one raw BAM XL330 log (real-data.md §2.3) onto the pendulum's control grid.
-
-    ``splits`` ({kp: split}) overrides the platform's ``data.bam.splits``. ``grid`` is
-    ``first_sample`` (t = t0, t0 + dt, ...: the platform default) or ``bam``: BAM's own
-    processed grid, t = 0, dt, ... up to the last sample, values linearly
-    interpolated and extrapolated at the ends and torque_enable re-thresholded at 0.5,
-    which reproduces BAM's ``processed/`` files from the raw ones (for its scoring protocol)
-    while decoding the PWM before interpolating.
-    """
-    path = Path(path)
-    p = platform or load_platform("pendulum")
-    cfg = p.data["bam"]
-    grid_kind = grid or cfg.get("grid", "first_sample")
-    if grid_kind not in BAM_GRIDS:
-        raise DataFormatError(f"BAM import grid must be one of {BAM_GRIDS}, got {grid_kind!r}")
-    content = path.read_bytes()
-    try:
-        log = json.loads(content)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataFormatError(f"{path}: not valid JSON (truncated file?): {e}") from e
-    if not isinstance(log, dict):
-        raise DataFormatError(f"{path}: expected a JSON object (a BAM log), got "
-                              f"{type(log).__name__}")
-    missing = [k for k in _BAM_HEADER if k not in log]
-    if missing:
-        raise DataFormatError(f"{path}: missing BAM header fields {missing}")
-    entries = log["entries"]
-    if not entries:
-        raise DataFormatError(f"{path}: empty episode: 'entries' is empty")
-    for i, e in enumerate(entries):
-        absent = [k for k in _BAM_FIELDS if k not in e]
-        if absent:
-            raise DataFormatError(f"{path}: entry {i} lacks fields {absent}")
-    raw = {k: np.array([e[k] for e in entries], dtype=np.float64) for k in _BAM_FIELDS}
-    splits = {int(k): v for k, v in (cfg["splits"] if splits is None else splits).items()}
-    bad = {k: v for k, v in splits.items() if v not in (*SPLITS, "excluded")}
-    if bad:
-        raise DataFormatError(f"BAM splits must map kp to one of {SPLITS}, got {bad}")
-    kp = int(log["kp"])
-    if kp not in splits:
-        raise DataFormatError(
-            f"{path}: kp {kp} has no split in {p.source} data.bam.splits (known: {sorted(splits)})"
-        )
-
-    # `load` is the raw Present PWM register, unsigned-wrapped 16-bit: decode before any
-    # interpolation (interpolating the wrapped value is what corrupts BAM's processed files).
-    counts = np.where(raw["load"] > 32767, raw["load"] - 65536, raw["load"])
-    limit = float(cfg["pwm_limit"])
-    if (np.abs(counts) > limit).any():
-        i = int(np.argmax(np.abs(counts) > limit))
-        raise DataFormatError(
-            f"{path}: entry {i} 'load' = {int(raw['load'][i])} decodes to PWM {int(counts[i])}, "
-            f"outside +-{int(limit)} (expected the raw Present PWM register)"
-        )
-    duty = counts / limit
-    t = raw["timestamp"]
-    if (np.diff(t) <= 0).any():
-        i = int(np.argmax(np.diff(t) <= 0)) + 1
-        raise DataFormatError(f"{path}: timestamp does not increase at entry {i}")
-
-    if grid_kind == "bam":
-        grid = np.arange(int(np.floor(t[-1] / p.control_dt + 1e-9)) + 1) * p.control_dt
-        lerp = lambda v: _lerp_extrapolated(grid, t, v)  # noqa: E731
-        torque = (lerp(raw["torque_enable"]) > 0.5).astype(np.float64)
-    elif cfg.get("resample", True):
-        grid = np.arange(t[0], t[-1] + 1e-9, p.control_dt)
-        lerp = lambda v: np.interp(grid, t, v)  # noqa: E731
-        hold = np.clip(np.searchsorted(t, grid, side="right") - 1, 0, len(t) - 1)
-        torque = raw["torque_enable"][hold]
-    else:
-        grid, lerp, torque = t, (lambda v: v), raw["torque_enable"]
-    col = lambda v: lerp(v)[:, None]  # noqa: E731
-    frames = {
-        "timestamp": grid - grid[0],
-        "q_cmd": col(raw["goal_position"]),
-        "q": col(raw["position"]),
-        "qd": col(raw["speed"]),
-        "effort": col(duty),
-        "pwm": col(duty),
-        "voltage": col(raw["input_volts"]),
-        "temperature": col(raw["temp"]),
-        "payload_mass": np.zeros(len(grid)),
-        "torque_enable": torque[:, None].astype(np.float64),
-    }
-    meta = {
-        "source": path.name,
-        "kp": kp,
-        "mass": float(log["mass"]),
-        "length": float(log["length"]),
-        "vin": float(log["vin"]),
-        "motor": str(log["motor"]),
-        "raw_samples": len(entries),
-        "t0": float(t[0]),
-        "grid": grid_kind if cfg.get("resample", True) or grid_kind == "bam" else "raw",
-        "payload_mass": 0.0,
-        "source_sha256": hashlib.sha256(content).hexdigest(),
-    }
-    return ParsedEpisode(path, p, frames, str(log["trajectory"]), splits[kp], meta)
-
-
-def import_bam(src: str | Path, out: str | Path, allow_duplicates: bool = False,
-               splits: dict | None = None, grid: str | None = None) -> str:
-    """Import BAM XL330 raw JSON logs (a file or a folder of them) as a pendulum dataset.
-
-    Logs whose content is already in ``out`` are skipped (and listed) unless
-    ``allow_duplicates``. ``splits`` and ``grid``: see :func:`read_bam_log`."""
-    src, out = Path(src), Path(out)
-    platform = load_platform("pendulum")
-    episodes = [read_bam_log(f, platform, splits, grid) for f in _find_files(src, ".json")]
-    episodes = [e for e in episodes if e.split != "excluded"]
-    if not episodes:
-        raise DataFormatError(f"{src}: every log's kp is excluded by the splits {splits}")
-    return _write(out, episodes, {"source": "BAM XL330 raw logs (Rhoban/bam @ af22604)"},
-                  allow_duplicates)
