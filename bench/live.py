@@ -35,6 +35,7 @@ from nactuator.control.live import LiveLoop, summarize_timings
 from nactuator.hardware.open import open_bus
 from nactuator.input_filters import input_filter_spec
 from nactuator.models import NeuralActuator, load_model
+from nactuator.paths import use_project_warp_cache
 from nactuator.platforms import load_platform
 from nactuator.viewer import Viewer
 
@@ -195,7 +196,7 @@ def main() -> None:
     ap.add_argument("--timing", choices=["off", "on", "both"], default="both",
                     help="emulated bus timing at 1 Mbps")
     args = ap.parse_args()
-    os.environ.setdefault("WARP_CACHE_PATH", str(Path(__file__).parents[1] / ".cache/warp"))
+    use_project_warp_cache()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     print(f"live loop, {args.seconds:g} s per case, torch {torch.__version__}, "

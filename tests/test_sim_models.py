@@ -13,7 +13,7 @@ from conftest import SIM_PLATFORMS as PLATFORMS
 
 from nactuator.platforms import PlatformError, list_platforms, load_platform
 from nactuator.sim import Simulator
-from nactuator.sim.builder import SimSetupError, build_model, sim_settings
+from nactuator.sim.builder import SimSetupError, build_newton_model, sim_settings
 from nactuator.sim.parity import mujoco_model
 
 
@@ -26,7 +26,7 @@ def test_every_configured_platform_has_a_model():
 @pytest.mark.parametrize("name", PLATFORMS)
 def test_newton_and_mujoco_share_joint_order_and_dynamics(name):
     platform = load_platform(name)
-    model = build_model(platform, batch=3, device="cpu")
+    model = build_newton_model(platform, batch=3, device="cpu")
     n = platform.n
     assert model.joint_dof_count == 3 * n
     names = [k.rsplit("/", 1)[-1] for k in model.joint_label]

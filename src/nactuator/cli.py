@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="seeds the world's servos and tasks")
     s.add_argument("--world", default=None, help="world YAML (default: conf/world/<platform>)")
     s.add_argument("--trajectories-per-task", type=int, default=10,
-                   help="repetitions of each task (split 8:1:1 by trajectory)")
+                   help="repetitions of each task (split 8:1:1 by episode)")
     s.add_argument("--seconds", type=float, default=None, help="length of each trajectory")
     s.add_argument("--tasks", nargs="*", default=None, help="subset of task names")
     s.set_defaults(func=_data_synth)
@@ -345,9 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True,
                    help="folder for metrics.json, metrics.md and the PNG plots")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
-    s.add_argument("--cv-folds", type=int, default=None,
+    s.add_argument("--folds", "--cv-folds", dest="cv_folds", type=int, default=None,
                    help="evaluate with the splits of a cross-validation fold (see `cv`)")
-    s.add_argument("--cv-fold", type=int, default=0, help="which fold (0-based)")
+    s.add_argument("--fold", "--cv-fold", dest="cv_fold", type=int, default=0,
+                   help="which fold (0-based); --folds/--fold as `cv` numbers them")
     s.add_argument("--baselines", default=None, metavar="all|none|NAME[,NAME...]",
                    help="add classical baselines fitted on the train split as table rows: "
                    "id-linear, id-friction, gmo, gmo-friction, threshold, svm, random-forest")
@@ -359,25 +360,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "telemetry model")
     s.set_defaults(func=_eval)
 
-    s = sub.add_parser("cv", help="k-fold cross-validation by trajectory of a training "
+    s = sub.add_parser("cv", help="k-fold cross-validation by episode of a training "
                        "recipe: mean ± sd over folds; extra args go to `train`",
                        epilog=CV_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--platform", required=True, help=PLATFORM_HELP)
     s.add_argument("--data", required=True, help="dataset path(s), comma separated")
     s.add_argument("--folds", type=int, default=None,
-                   help="number of folds (default: leave one run out within each task)")
+                   help="number of folds (default: leave one episode out within each task)")
     s.add_argument("--max-folds", type=int, default=None,
                    help="score only the first N folds (quicker, noisier)")
     s.add_argument("--jobs", type=int, default=1, help="folds trained at the same time")
     s.add_argument("--out", default="runs/cv", help="output folder (cv.md, cv.json, cv.png)")
     s.set_defaults(func=_cv, passthrough=True)
 
-    s = sub.add_parser("adapt", help="fine-tune a pretrained checkpoint on N new trajectories: "
+    s = sub.add_parser("adapt", help="fine-tune a pretrained checkpoint on N new episodes: "
                        "held-out error vs N and vs wall time; extra args go to `train`")
     s.add_argument("--ckpt", required=True, help="the pretrained checkpoint (" + CKPT_HELP + ")")
     s.add_argument("--data", required=True,
                    help="dataset path(s) of the new arm/task, comma separated: train runs "
-                        "are the fine-tuning pool, the held-out runs are scored")
+                        "are the fine-tuning pool, the held-out episodes are scored")
     s.add_argument("--episodes", type=_positive_int, nargs="+", default=None, metavar="N",
                    help="fine-tuning set sizes (default: conf/train/adapt.yaml, 1 2 4 8 12)")
     s.add_argument("--held-out", default=None, choices=["auto", "test", "validation"],
@@ -573,9 +574,9 @@ def main(argv: list[str] | None = None) -> int:
         argv = [x for x in argv if x != "--debug"]
     command = " ".join(x for x in argv[:2] if not x.startswith("-")) or "nactuator"
     # Warp compiles kernels once into the project's cache, wherever the command runs from.
-    from nactuator.training.cli import cache_dir
+    from nactuator.paths import use_project_warp_cache
 
-    os.environ.setdefault("WARP_CACHE_PATH", str(cache_dir() / "warp"))
+    use_project_warp_cache()
     try:
         return _run(argv)
     except KeyboardInterrupt:

@@ -32,9 +32,9 @@ from torch.utils.data import DataLoader, IterableDataset
 from nactuator.data.commands import COMMAND_KEYS, EXOGENOUS_KEYS, with_command_channels
 from nactuator.data.curriculum import HorizonCurriculum
 from nactuator.data.episodes import dataset_paths, episode_splits, open_datasets
+from nactuator.data.normalization import norm_stats
 from nactuator.data.references import LinearForceReference
-from nactuator.data.schema import SPLITS, DataFormatError
-from nactuator.data.stats import norm_stats
+from nactuator.data.schema import REQUIRED_KEYS, SPLITS, DataFormatError
 from nactuator.input_filters import MISSING_RULES, filter_inputs, input_filter_spec
 from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import WINDOW_LENGTH
@@ -67,7 +67,7 @@ _CHANNELS = (
     ("pad", "1"),
 )
 _BOOL_KEYS = ("force_valid", "condition_valid", "pad")
-_MODEL_INPUTS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", *COMMAND_KEYS,
+_MODEL_INPUTS = (*REQUIRED_KEYS, *COMMAND_KEYS,
                  *EXOGENOUS_KEYS)
 
 
@@ -316,7 +316,7 @@ class NADDataModule(L.LightningDataModule):
 
         lengths = np.array([e.length for e in episodes], dtype=np.int64)
         frames = {k: np.concatenate([f[k] for f in parts]) for k in
-                  ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "force",
+                  (*REQUIRED_KEYS, "force",
                    "condition", "payload_mass", *COMMAND_KEYS, *EXOGENOUS_KEYS)}
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
 

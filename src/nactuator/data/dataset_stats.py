@@ -4,7 +4,7 @@ into the committed statistics without rereading old ones (:func:`add_frames`,
 :func:`stats_from_json`, :func:`stats_bytes`); after a crash that left the ``stats.json`` of an
 uncommitted append, :func:`committed_stats_bytes` recomputes them from the committed frames.
 (The normalisation statistics the DataModule computes over a split are in
-:mod:`nactuator.data.stats`.)
+:mod:`nactuator.data.normalization`.)
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nactuator.data.schema import DataFormatError
+from nactuator.data.schema import REQUIRED_KEYS, DataFormatError
 from nactuator.data.writer import DatasetWriter
 from nactuator.platforms import Platform, conf_dir, load_platform
 from nactuator.progress import progress_bar
@@ -100,7 +100,7 @@ def run_tasks(
     goals, enables, forces = padded("q_goal"), padded("torque_enable") > 0.5, padded("force")
     grasps = np.stack([np.concatenate([p.grasp, np.repeat(p.grasp[-1:], t_max - p.frames)])
                        for p in plans], axis=1)  # (t_max, n_envs)
-    keys = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "pwm", "current")
+    keys = (*REQUIRED_KEYS, "pwm", "current")
     logs = {k: np.zeros((t_max, n_envs, n)) for k in keys}
     for k in range(t_max):
         tel = world.telemetry()  # read the registers, then write the next goal

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from nactuator.constants import CONTACT_THRESHOLD_N
 from nactuator.data import Episode
 from nactuator.data.episodes import load_split
 from nactuator.data.references import force_labels
 from nactuator.errors import UserError
-from nactuator.eval.metrics import CONTACT_THRESHOLD_N
 from nactuator.platforms import Platform
 
 __all__ = [

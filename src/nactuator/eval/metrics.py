@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from nactuator.constants import CONTACT_THRESHOLD_N  # noqa: F401 (re-exported)
+
 __all__ = [
     "CONTACT_THRESHOLD_N",
     "DEGRADED_THRESHOLD",
@@ -30,7 +32,6 @@ __all__ = [
 
 # Prefix windows of the published protocol (OMX uses 10..600, SO-101 100/300/500).
 HORIZONS: tuple[int, ...] = (10, 100, 300, 500, 600)
-CONTACT_THRESHOLD_N = 0.01  # gate target: |f| > 0.01 N on a labelled frame
 GATE_THRESHOLD = 0.5  # the gate "says contact" above this
 DEGRADED_THRESHOLD = 0.5  # condition score c < 0.5 means "degraded" (the positive class)
 

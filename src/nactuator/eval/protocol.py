@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from nactuator.constants import GRAVITY
 from nactuator.data import Episode
 from nactuator.data.references import LinearForceReference, command_following
 from nactuator.eval import metrics as M
@@ -47,7 +48,7 @@ def rollout(actuator, sim, episodes: Sequence[Episode], device: str = "cpu") -> 
     return [batch.episode(j, ep.length) for j, ep in enumerate(episodes)]
 
 
-G = 9.81  # m/s², the payload labels' gravity (NAD: f_z = -m g)
+G = GRAVITY  # the payload labels' gravity (NAD: f_z = -m g)
 
 
 def payload_estimates(ep: Episode, f_label: np.ndarray,

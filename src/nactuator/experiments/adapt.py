@@ -1,4 +1,4 @@
-"""``nactuator adapt``: fine-tune a pretrained checkpoint on N new trajectories, and measure it.
+"""``nactuator adapt``: fine-tune a pretrained checkpoint on N new episodes, and measure it.
 
 The paper's online adaptation: a model pretrained elsewhere (another arm, other tasks, a
 synthetic world) is fine-tuned on a few trajectories of the new arm or task, its backbone's
@@ -298,7 +298,7 @@ def markdown_report(result: dict[str, Any]) -> str:
              f"- fine-tuning pool, in the order N takes it: {', '.join(result['pool'])}",
              f"- recipe: `{result['config']['source']}` (train section) "
              + (f"+ `{' '.join(result['extra_args'])}`" if result["extra_args"] else ""),
-             "- scores: `nactuator eval` on the held-out episodes, full trajectory, mean over "
+             "- scores: `nactuator eval` on the held-out episodes, whole episodes, mean over "
              "tasks; N = 0 is the checkpoint as given; the linear regression is fitted on the "
              "same N episodes",
              f"- headline metric: **{metric}**", "",

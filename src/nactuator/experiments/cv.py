@@ -1,12 +1,12 @@
-"""``nactuator cv``: k-fold cross-validation by trajectory, the number recipes are judged by.
+"""``nactuator cv``: k-fold cross-validation by episode, the number recipes are judged by.
 
 One validation file is noise. For each fold (:mod:`nactuator.data.folds`: by default
-leave-one-run-out within each task over the train + validation runs) this trains the same
-configuration as ``nactuator train`` with that fold's splits, then scores the held-out runs
+leave-one-episode-out within each task over the train + validation episodes) this trains the same
+configuration as ``nactuator train`` with that fold's splits, then scores the held-out episodes
 with the evaluation protocol (``nactuator eval``, rollout and causal modes) for the
-checkpoint picked by validation (``best``, selected on the fold's inner validation runs,
+checkpoint picked by validation (``best``, selected on the fold's inner validation episodes,
 never on the held-out ones) and for ``last``. The summary gives every metric's mean ± sd,
-min and max over folds, next to the references scored on the same held-out runs.
+min and max over folds, next to the references scored on the same held-out episodes.
 
 Folds run as subprocesses (``--jobs`` at a time, one torch thread each); a fold whose
 scores exist is not run again, so an interrupted CV continues where it stopped.
@@ -30,7 +30,7 @@ from nactuator.atomic import write_json, write_png, write_text
 from nactuator.child import run_nactuator
 from nactuator.data import read_dataset
 from nactuator.data.episodes import dataset_paths
-from nactuator.data.folds import runs_per_task
+from nactuator.data.folds import episodes_per_task
 from nactuator.data.references import is_worse, verdict
 from nactuator.errors import UserError
 from nactuator.platforms import load_platform
@@ -45,13 +45,13 @@ class CVError(UserError, RuntimeError):
 
 
 def default_folds(paths: Sequence[str]) -> int:
-    """Leave-one-run-out within each task: as many folds as the task with most runs."""
+    """Leave-one-run-out within each task: as many folds as the task with most episodes."""
     refs = [(pos, ep.index, ep.task, ep.split) for pos, path in enumerate(paths)
             for ep in read_dataset(path).episodes]
-    counts = runs_per_task(refs)
+    counts = episodes_per_task(refs)
     if not counts or max(counts.values()) < 2:
         raise CVError(f"{', '.join(paths)}: cross-validation needs a task with at least 2 "
-                      f"train/validation runs (runs per task: {counts})")
+                      f"train/validation episodes (episodes per task: {counts})")
     return max(counts.values())
 
 
@@ -66,7 +66,7 @@ def _checkpoint(fold_dir: Path, selection: str) -> Path:
 def _selections(fold_dir: Path) -> list[str]:
     """``best``, ``last`` and every other checkpoint family the run wrote (a further
     ``ModelCheckpoint`` with ``filename: NAME-{epoch:02d}``, e.g. to compare selection
-    rules fold by fold): each is scored on the held-out runs."""
+    rules fold by fold): each is scored on the held-out episodes."""
     names = {p.name.split("-epoch=")[0] for p in fold_dir.rglob("*-epoch=*.ckpt")}
     return [*SELECTIONS, *sorted(names - set(SELECTIONS))]
 
@@ -94,8 +94,8 @@ def _run_fold(platform: str, paths: list[str], folds: int, fold: int, out: Path,
     scores = {s: fold_dir / f"eval_{s}" / "metrics.json" for s in _selections(fold_dir)}
     for selection in scores:
         _run(["eval", "--ckpt", str(_checkpoint(fold_dir, selection)),
-                    "--data", ",".join(paths), "--split", "test", "--cv-folds", str(folds),
-                    "--cv-fold", str(fold), "--out", str(scores[selection].parent)], log)
+                    "--data", ",".join(paths), "--split", "test", "--folds", str(folds),
+                    "--fold", str(fold), "--out", str(scores[selection].parent)], log)
     return scores
 
 
@@ -110,7 +110,7 @@ def _arm(values: Sequence[float] | None, arm: Sequence[int], how: str) -> float 
 
 
 def fold_row(metrics: dict) -> dict[str, float | None]:
-    """The figures one fold contributes, from its ``metrics.json`` (full trajectory)."""
+    """The figures one fold contributes, from its ``metrics.json`` (whole episodes)."""
     arm = metrics["arm_indices"]
     row: dict[str, float | None] = {}
     for group in ("all", "contact", "no_contact"):
@@ -296,12 +296,12 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
         rows = [fold_row(json.loads(done[f][selection].read_text())) for f in chosen]
         summary[selection] = summarize_folds(rows)
     header = [f"# Cross-validation: {name}, {len(chosen)} of {k} folds", "",
-              f"- data: {', '.join(f'`{p}`' for p in paths)}; folds by trajectory "
-              "(nactuator.data.folds: run j of each task in group j % k; fold f holds out "
+              f"- data: {', '.join(f'`{p}`' for p in paths)}; folds by episode "
+              "(nactuator.data.folds: episode j of each task in group j % k; fold f holds out "
               "group f, validates on group f + 1, trains on the rest)",
               f"- recipe: `nactuator train --platform {name}` "
               + (f"`{' '.join(extra_args)}`" if extra_args else "(defaults)"),
-              "- scores: `nactuator eval` on the held-out runs, full trajectory, mean over "
+              "- scores: `nactuator eval` on the held-out episodes, whole episodes, mean over "
               "tasks; sd over folds (n − 1)",
               f"- wall time {time.perf_counter() - t0:.0f} s with {jobs} job(s)"]
     header.append(f"- verdict (`best`, mean over folds): {cv_verdict(summary['best'])}")

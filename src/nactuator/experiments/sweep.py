@@ -26,7 +26,8 @@ from typing import Any
 from nactuator.atomic import write_text
 from nactuator.child import run_command
 from nactuator.errors import UserError
-from nactuator.platforms import conf_dir, read_yaml_mapping
+from nactuator.paths import conf_dir, warp_cache_dir
+from nactuator.platforms import read_yaml_mapping
 
 METHODS = ("grid", "random")
 DISTRIBUTIONS = ("uniform", "int_uniform", "log_uniform_values", "q_uniform")
@@ -202,7 +203,8 @@ def run_sweep(file: str, max_runs: int | None = None, method: str | None = None,
     out_dir.mkdir(parents=True, exist_ok=True)
     metric = spec["metric"]["name"]
     # wandb forced offline, whatever the sweep command asks for
-    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
+           "WARP_CACHE_PATH": str(warp_cache_dir())}
     results = []
     for k, params in enumerate(runs):
         run_dir = out_dir / f"run-{k:03d}"

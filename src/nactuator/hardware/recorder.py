@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from nactuator.data.schema import REQUIRED_KEYS
 from nactuator.data.writer import DatasetWriter
 from nactuator.hardware.bus import TelemetryBus, TelemetryFrame
 from nactuator.hardware.open import open_bus
@@ -55,7 +56,7 @@ class RecordingQualityError(BusError):
 class EpisodeBuffer:
     """Frames of one episode, appended cycle by cycle, as Contract 1 arrays."""
 
-    KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "pwm", "current")
+    KEYS = (*REQUIRED_KEYS, "pwm", "current")
 
     def __init__(self, n: int, payload_kg: float | None, journal=None) -> None:
         self.n = n

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from nactuator.errors import UserError
+from nactuator.paths import conf_dir
 
 __all__ = [
     "Channel",
@@ -114,16 +115,6 @@ class Platform:
 
     def robot_model_path(self) -> Path:
         return Path(__file__).resolve().parent.parent / "sim" / "robots" / self.robot_model
-
-
-def conf_dir() -> Path:
-    """The ``conf/`` folder: ``$NACTUATOR_CONF`` if set, else the repository's ``conf/``."""
-    import os
-
-    env = os.environ.get("NACTUATOR_CONF")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "conf"
 
 
 def list_platforms() -> list[str]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import newton
 import numpy as np
 
+from nactuator.constants import GRAVITY
 from nactuator.errors import UserError
 from nactuator.platforms import Platform
 from nactuator.sim.warp_runtime import init_warp
@@ -24,7 +25,7 @@ __all__ = [
     "SimSetupError",
     "body_index",
     "build_arm",
-    "build_model",
+    "build_newton_model",
     "joint_arrays",
     "sim_settings",
 ]
@@ -89,7 +90,7 @@ def build_arm(platform: Platform) -> newton.ModelBuilder:
         raise SimSetupError(f"{platform.source}: robot_model {platform.robot_model!r} -> {path} "
                             "does not exist")
     settings = sim_settings(platform)
-    arm = newton.ModelBuilder(up_axis=newton.Axis.Z, gravity=(0.0, 0.0, -9.81))
+    arm = newton.ModelBuilder(up_axis=newton.Axis.Z, gravity=(0.0, 0.0, -GRAVITY))
     # floating=None keeps the MJCF's own root joints (floating=False would weld the first
     # hinge, physics.md §2); collapse_fixed_joints merges welded bodies (base, lumped
     # fingers, hand) into their parents so Featherstone only sees the actuated chain.
@@ -130,13 +131,13 @@ def build_arm(platform: Platform) -> newton.ModelBuilder:
     return arm
 
 
-def build_model(platform: Platform, batch: int, device: str) -> newton.Model:
+def build_newton_model(platform: Platform, batch: int, device: str) -> newton.Model:
     """``batch`` copies of the arm, every one at the origin (no contacts; physics.md §11)."""
     if not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive int, got {batch!r}")
     init_warp(device)  # before Warp's first use: no "no CUDA driver" notice on a CPU run
     arm = build_arm(platform)
-    scene = newton.ModelBuilder(up_axis=newton.Axis.Z, gravity=(0.0, 0.0, -9.81))
+    scene = newton.ModelBuilder(up_axis=newton.Axis.Z, gravity=(0.0, 0.0, -GRAVITY))
     for _ in range(batch):
         scene.add_builder(arm)
     return scene.finalize(device=device, requires_grad=True)

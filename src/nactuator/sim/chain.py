@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import warp as wp
 
+from nactuator.constants import GRAVITY
 from nactuator.platforms import Platform
 from nactuator.sim.builder import SimSettings, SimSetupError
 from nactuator.sim.kinematics import _quat_xyzw_to_matrix
@@ -47,7 +48,7 @@ from nactuator.sim.kinematics import _quat_xyzw_to_matrix
 __all__ = ["ChainEngine", "ChainGeometry", "NotASerialChain", "chain_geometry"]
 
 _REVOLUTE, _PRISMATIC = 1, 0  # newton.JointType values
-_GRAVITY = (0.0, 0.0, -9.81)
+_GRAVITY = (0.0, 0.0, -GRAVITY)
 
 # Warp's default CPU flags add much higher inlining thresholds; on this large unrolled kernel
 # they compiled no faster and ran slower (docs/simulator.md "Compile time").

@@ -68,11 +68,11 @@ class ArmDynamics(torch.nn.Module):
     def for_platform(cls, platform: Platform | str,
                      armature: list[float] | None = None) -> ArmDynamics:
         """The dynamics of ``platform``'s arm (MJCF inertials + platform armature)."""
-        from nactuator.sim.builder import body_index, build_model, joint_arrays
+        from nactuator.sim.builder import body_index, build_newton_model, joint_arrays
 
         if isinstance(platform, str):
             platform = load_platform(platform)
-        reference = build_model(platform, 1, "cpu")
+        reference = build_newton_model(platform, 1, "cpu")
         kin = ChainKinematics(
             joint_arrays(reference, platform.n),
             kinds=[c.kind for c in platform.channels],

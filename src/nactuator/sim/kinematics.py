@@ -13,10 +13,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from nactuator.constants import GRAVITY
+
 __all__ = ["ChainKinematics"]
 
 _REVOLUTE, _PRISMATIC = 1, 0  # newton.JointType values, kept local so this file needs no newton
-_GRAVITY = (0.0, 0.0, -9.81)
+_GRAVITY = (0.0, 0.0, -GRAVITY)
 
 
 def _quat_xyzw_to_matrix(q: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import torch
 import warp as wp
 
 from nactuator.platforms import Platform
-from nactuator.sim.builder import build_model
+from nactuator.sim.builder import build_newton_model
 
 __all__ = ["NewtonEngine"]
 
@@ -32,7 +32,7 @@ class NewtonEngine:
         self.batch, self.n = batch, platform.n
         self.substeps, self.dt = platform.substeps, platform.substep_dt
         self.device = device
-        self.model = build_model(platform, batch, device)
+        self.model = build_newton_model(platform, batch, device)
         self.solver = solver_cls(
             self.model,
             angular_damping=angular_damping,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nactuator.constants import GRAVITY
 from nactuator.platforms import Platform
 
 __all__ = ["mujoco_control_step", "mujoco_model", "mujoco_rollout"]
@@ -40,7 +41,7 @@ def mujoco_model(platform: Platform, integrator: str = "euler"):
         joint.range = [ch.limit_lower, ch.limit_upper]
         joint.limited = mujoco.mjtLimited.mjLIMITED_TRUE
     spec.option.timestep = platform.substep_dt
-    spec.option.gravity = [0.0, 0.0, -9.81]
+    spec.option.gravity = [0.0, 0.0, -GRAVITY]
     if integrator not in _INTEGRATORS:
         raise ValueError(f"integrator must be one of {_INTEGRATORS}, got {integrator!r}")
     if integrator == "rk4":

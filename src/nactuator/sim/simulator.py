@@ -27,7 +27,7 @@ from nactuator.sim.builder import (
     ENGINES,
     SimSetupError,
     body_index,
-    build_model,
+    build_newton_model,
     joint_arrays,
     sim_settings,
 )
@@ -97,7 +97,7 @@ class Simulator:
         self.device = torch.device(self._wp_device)
         self.settings = sim_settings(platform)
 
-        reference = build_model(platform, 1, "cpu")
+        reference = build_newton_model(platform, 1, "cpu")
         arrays = joint_arrays(reference, platform.n)
         kinematics = ChainKinematics(
             arrays,

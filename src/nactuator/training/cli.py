@@ -26,18 +26,10 @@ from typing import Any
 
 import yaml
 
-from nactuator.platforms import PlatformError, conf_dir, load_platform
+from nactuator.paths import cache_dir, conf_dir, use_project_warp_cache
+from nactuator.platforms import PlatformError, load_platform
 
 LOGGERS = ("tensorboard", "wandb", "csv", "none")
-
-
-def project_root() -> Path:
-    return conf_dir().parent
-
-
-def cache_dir() -> Path:
-    """Project-local cache (``$NACTUATOR_CACHE`` if set): Warp kernels, default datasets."""
-    return Path(os.environ.get("NACTUATOR_CACHE", project_root() / ".cache"))
 
 
 def _is_platform_description(path: str) -> bool:
@@ -160,7 +152,7 @@ def lightning_main(argv: Sequence[str], run: bool = True) -> Any:
 
     Returns the LightningCLI object (its ``trainer``, ``model`` and ``datamodule``).
     """
-    os.environ.setdefault("WARP_CACHE_PATH", str(cache_dir() / "warp"))
+    use_project_warp_cache()
     from nactuator.data.datamodule import NADDataModule
     from nactuator.training.module import NeuralActuatorModule
 

@@ -16,8 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-# The contact gate's target: "in contact" when the labelled force exceeds this magnitude.
-GATE_THRESHOLD_N = 0.01
+from nactuator.constants import CONTACT_THRESHOLD_N
 
 
 @dataclass
@@ -102,11 +101,11 @@ def force_loss(
     """Huber_beta over labelled frames and 3 channels, focal weight on non-zero forces.
 
     ``force_*`` (B, T, 3), ``valid`` (B, T) bool. Frames whose label magnitude exceeds
-    :data:`GATE_THRESHOLD_N` weigh ``w_focal``, others 1, so the rare contact frames are not
-    drowned by free motion. The mean is taken over the labelled frame-channels.
+    ``constants.CONTACT_THRESHOLD_N`` weigh ``w_focal``, others 1, so the rare contact
+    frames are not drowned by free motion. The mean is taken over the labelled frame-channels.
     """
     per = huber(force_pred - force_true, beta=beta)  # (B, T, 3)
-    contact = force_true.norm(dim=-1) > GATE_THRESHOLD_N
+    contact = force_true.norm(dim=-1) > CONTACT_THRESHOLD_N
     weight = torch.where(contact, w_focal, 1.0).to(per.dtype).unsqueeze(-1)
     return _masked_mean(weight * per, valid.unsqueeze(-1).expand_as(per))
 
@@ -116,7 +115,7 @@ def gate_loss(
 ) -> torch.Tensor:
     """``BCE(g, 1[|f| > 0.01 N])`` on labelled frames; ``gate_logit`` (B, T, 1) or (B, T)."""
     logit = gate_logit.reshape(force_true.shape[:-1])
-    target = (force_true.norm(dim=-1) > GATE_THRESHOLD_N).to(logit.dtype)
+    target = (force_true.norm(dim=-1) > CONTACT_THRESHOLD_N).to(logit.dtype)
     per = F.binary_cross_entropy_with_logits(logit, target, reduction="none")
     return _masked_mean(per, valid)
 

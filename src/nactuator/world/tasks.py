@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 import mujoco
 import numpy as np
 
+from nactuator.constants import GRAVITY as G
 from nactuator.platforms import Platform
 
 from .params import WorldError, WorldParams
 
 __all__ = ["EpisodePlan", "Kinematics", "plan_episode", "task_seed"]
 
-G = 9.81
 
 
 @dataclass

@@ -23,7 +23,7 @@ from nactuator.data.importers.common import (
     find_files,
     write_episodes,
 )
-from nactuator.data.schema import SPLITS, DataFormatError
+from nactuator.data.schema import REQUIRED_KEYS, SPLITS, DataFormatError
 from nactuator.platforms import Platform, list_platforms, load_platform
 
 __all__ = ["expand_header", "import_nad", "read_nad_csv"]
@@ -250,7 +250,7 @@ def read_nad_csv(
                 sources["qd"][j] = f"d({gripper['q']})/dt"
 
     for key, names in sources.items():  # NaN in a required channel: name the column and row
-        if key in ("q_cmd", "q", "qd", "effort", "voltage", "temperature"):
+        if key in REQUIRED_KEYS:
             bad = np.isnan(frames[key])
             if bad.any():
                 row, j = np.argwhere(bad)[0]

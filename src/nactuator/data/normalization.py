@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from nactuator.data.schema import REQUIRED_KEYS
+
 __all__ = ["NORM_KEYS", "OPTIONAL_NORM_KEYS", "STD_FLOOR", "norm_stats"]
 
-NORM_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
+NORM_KEYS = (*REQUIRED_KEYS, "error")  # the recorded channels and the error q_cmd - q
 # Exogenous inputs of counterfactual models (nactuator.data.commands), normalised when the
 # frames hold them.
 OPTIONAL_NORM_KEYS = ("supply_voltage", "initial_temperature")
