@@ -1,7 +1,9 @@
 """nactuator.hardware: servo buses, emulated arms and the teleoperation recorder.
 
-- :mod:`.bus` — ``open_bus(platform, port)`` -> a :class:`~.bus.TelemetryBus` giving one
-  SI :class:`~.bus.TelemetryFrame` per cycle (LeRobot buses + one vendor-SDK group read).
+- :mod:`.open` — ``open_bus(platform, port)`` -> a :class:`~.bus.TelemetryBus` giving one
+  SI :class:`~.bus.TelemetryFrame` per cycle (LeRobot buses + one vendor-SDK group read;
+  the protocols in :mod:`.dynamixel` and :mod:`.feetech`, the port lock, errors and the
+  calibration file in :mod:`.port`).
 - :mod:`.emulator` — ``Emulator(bus, platform)``: a virtual arm on a pty, driven by the
   hidden world (or a scripted leader), with fault injection; ``nactuator emulate``.
 - :mod:`.recorder` — ``record(...)``: leader -> follower recording into a nactuator dataset.

@@ -2,11 +2,12 @@
 
 Each training batch is a set of recorded segments (Contract 2). The module rolls the model
 closed loop through the differentiable simulator for the whole segment
-(:func:`nactuator.rollout.closed_loop_rollout`, the same rollout ``nactuator eval`` runs),
+(:func:`nactuator.rollout.closed_loop_rollout`; whole episodes through
+:func:`~nactuator.rollout.rollout_episodes`, the rollout ``nactuator eval`` runs),
 compares the simulated joint path with the recorded one, supervises the force / gate /
 condition heads at every step, and backpropagates through time. Validation and test roll
 every episode out from frame 0 to its end with the evaluation protocol (start at rest,
-nothing reset), so the checkpoint picked by ``val/loss`` is the one that drifts least over
+nothing reset), so the checkpoint picked by ``val/score`` is the one that drifts least over
 whole episodes. Around that sit the training mechanics the reference trainer uses: AdamW
 with warm-up + cosine LR, gradient clipping (the Trainer's ``gradient_clip_val``), skipping
 of non-finite updates, an EMA copy of the weights for validation / test / export, and
