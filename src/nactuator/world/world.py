@@ -34,6 +34,7 @@ import numpy as np
 from nactuator.platforms import Platform, load_platform
 
 from .params import WorldError, WorldParams, load_world_config, resolve_world
+from .protection import Protection
 from .registers import quantize
 from .servo import ServoBank
 
@@ -120,6 +121,9 @@ class World:
         self.velocity_window_s = window * self.dt
         self.step_count = 0
         self.last_registers: dict[str, np.ndarray] = {}
+        # Firmware protections (world.protection): off unless a caller installs them, so
+        # datasets recorded before they existed replay unchanged.
+        self.protection: Protection | None = None
         self.reset(np.zeros(n))
 
     # -- construction helpers -----------------------------------------------------------
@@ -182,6 +186,8 @@ class World:
         self.bus_voltage[:] = float(self.params.supply["voltage"])
         self.external_force[:] = 0.0
         self.grasp_jaw[:] = np.nan
+        if self.protection is not None:
+            self.protection.reset()
         self.set_goal(q0)
 
     def set_goal(self, q_goal) -> None:
@@ -203,6 +209,13 @@ class World:
         m = self.motors
         return (self.servo.goal_counts - m["zero_count"]) * (2 * np.pi / m["counts_per_rev"]) \
             * self.trans
+
+    def set_protection(self, protection: Protection | None) -> None:
+        """Install firmware protections (:mod:`.protection`) on every motor; None: none."""
+        if protection is not None and (protection.n_envs, protection.n) != (self.n_envs, self.n):
+            raise WorldError(f"protection is for {protection.n_envs} x {protection.n} motors, "
+                             f"the world has {self.n_envs} x {self.n}")
+        self.protection = protection
 
     def set_torque_enabled(self, enabled) -> None:
         e = np.asarray(enabled, dtype=bool)
@@ -269,7 +282,13 @@ class World:
         omega = self.qd / self.trans
         s.step_count = self.step_count
         s.firmware_tick(theta, omega)
+        guard = self.protection
+        if guard is not None and self._pid:
+            s.pwm = guard.limit_pwm(s.pwm, self.motors["pwm_full"])
         tau = s.drive(omega, self.bus_voltage)
+        if guard is not None and self._pid:
+            # A trip opens the H-bridge from the next step on, as the firmware does.
+            s.torque_enabled = guard.update(s.current, s.duty, s.torque_enabled, self.dt)
         joint_force = tau / self.trans
         if self.band_enabled.any():
             j, band = self.params.band["channel"], self.params.band
