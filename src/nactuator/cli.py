@@ -73,6 +73,13 @@ def _train(a: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _policy(a: argparse.Namespace) -> int:
+    from nactuator.policy.commands import run_policy_command
+
+    print(run_policy_command(a.policy_command, a))
+    return 0
+
+
 def _check_model_paths(*paths: str | None) -> None:
     """A missing --ckpt, or a folder given for one, is refused before the room's (slow)
     imports; the loader decides the rest."""
@@ -535,6 +542,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no running status line on stderr (rate, force, gate, cycle counts)")
     _add_viewer_flags(s, "joints, commands, force, contact gate and condition")
     s.set_defaults(func=_live)
+
+    pol = sub.add_parser("policy", help="force-aware behaviour cloning: demonstrations, "
+                         "fit, closed-loop evaluation in the hidden world, run on a bus")
+    psub = pol.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    for name, what in (("demos", "scripted-expert demonstrations in the hidden world"),
+                       ("fit", "train one policy per task and input condition"),
+                       ("eval", "every policy in closed loop in the hidden world")):
+        s = psub.add_parser(name, help=what)
+        s.add_argument("--config", default=None,
+                       help="policy YAML (default conf/policy/so101.yaml)")
+        s.add_argument("--actuator", default=None,
+                       help="frozen actuator checkpoint (default: the config's)")
+        s.add_argument("--out", default="runs/policy/so101", help="the policy run folder: "
+                       "demos/, policies/ and eval/ go under it")
+        if name == "eval":
+            s.add_argument("--episodes", type=int, default=None,
+                           help="episodes per case and condition (default: the config's)")
+        s.set_defaults(func=_policy)
     return p
 
 

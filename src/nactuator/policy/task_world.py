@@ -32,10 +32,10 @@ import numpy as np
 
 from nactuator.platforms import Platform
 from nactuator.world import World, WorldParams
-from nactuator.world.tasks import EpisodePlan, Kinematics, plan_episode
 from nactuator.world.protection import make_protection
+from nactuator.world.tasks import EpisodePlan, Kinematics, plan_episode
 
-__all__ = ["TASKS", "EpisodeLog", "Observation", "TaskWorld", "run_task"]
+__all__ = ["TASKS", "EpisodeLog", "Observation", "TaskWorld"]
 
 G = 9.81
 TASKS = ("lift_hold", "pick_place")
@@ -204,13 +204,3 @@ class TaskWorld:
         return EpisodeLog(frames, ok, tripped, limit_hit, peak, error,
                           meta={"task": self.task, "payload_kg": self.mass,
                                 "errors": prot.errors.copy()})
-
-
-def run_task(platform: Platform, params: WorldParams, task: str, payload_kg: float,
-             cfg: Mapping, seeds: list[int], controller_factory, seconds: float,
-             rng: np.random.Generator) -> EpisodeLog:
-    """One lock-step batch: build the task world, the controller, run one episode per arm."""
-    tw = TaskWorld(platform, params, task, payload_kg, cfg, seeds)
-    controller = controller_factory(tw)
-    return tw.run(controller, seconds, tw.start_pose(seeds),
-                  after_step=getattr(controller, "after_step", None))

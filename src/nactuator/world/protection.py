@@ -90,9 +90,9 @@ class FeetechProtection(Protection):
         self._over_current_s = np.where(over, self._over_current_s + dt, 0.0)
         loaded = np.abs(duty) > self.overload
         self._overload_s = np.where(loaded, self._overload_s + dt, 0.0)
-        self.errors |= np.where(self._over_current_s >= self.current_time,
+        self.errors |= np.where(self._over_current_s >= self.current_time - 1e-9,
                                 STS_OVERCURRENT_BIT, 0)
-        self.errors |= np.where(self._overload_s >= self.overload_time, STS_OVERLOAD_BIT, 0)
+        self.errors |= np.where(self._overload_s >= self.overload_time - 1e-9, STS_OVERLOAD_BIT, 0)
         return torque_enabled & ((self.errors & STS_OVERCURRENT_BIT) == 0)
 
 
@@ -110,7 +110,7 @@ class DynamixelProtection(Protection):
         # At the limit (within 2 %: the motor model clips there), the firmware counts.
         at_limit = np.abs(current) >= 0.98 * self.current_limit
         self._overload_s = np.where(at_limit, self._overload_s + dt, 0.0)
-        self.errors |= np.where(self._overload_s >= self.overload_time, XM_OVERLOAD_BIT, 0)
+        self.errors |= np.where(self._overload_s >= self.overload_time - 1e-9, XM_OVERLOAD_BIT, 0)
         return torque_enabled & (self.errors == 0)
 
 

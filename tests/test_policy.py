@@ -1,0 +1,135 @@
+"""nactuator.policy: success criteria in the hidden world, the scripted expert, the
+policy's windows and file, the Wilson interval, the config's one-line errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nactuator.errors import UserError
+from nactuator.platforms import load_platform
+from nactuator.policy.config import load_config
+from nactuator.policy.evaluate import PolicyController, load_policy, wilson_interval
+from nactuator.policy.expert import ScriptedExpert, servo_stiffness
+from nactuator.policy.fit import POLICY_FORMAT, history_windows
+from nactuator.policy.network import PolicyNet
+from nactuator.policy.sensing import condition_features, feature_width
+from nactuator.policy.task_world import TaskWorld
+from nactuator.world import load_world
+from nactuator.world.protection import STS_OVERCURRENT_BIT
+
+CFG = load_config(actuator=__file__)  # any existing path: these tests load no actuator
+
+
+def test_wilson_interval_matches_the_closed_form() -> None:
+    # Reference values (Wilson 1927; e.g. statsmodels proportion_confint(method="wilson")).
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.27753), abs=1e-5)
+    assert wilson_interval(5, 10) == pytest.approx((0.23659, 0.76341), abs=1e-5)
+    assert wilson_interval(46, 50) == pytest.approx((0.81159, 0.96840), abs=1e-4)
+
+
+def test_history_windows_repeat_the_first_frame_before_the_start() -> None:
+    f = np.arange(4 * 2 * 1, dtype=float).reshape(4, 2, 1)  # (T=4, E=2, d=1)
+    w = history_windows(f, 3)
+    assert w.shape == (8, 3, 1)
+    # step 0 of episode 1: frame 0 three times; step 3 of episode 0: frames 1, 2, 3.
+    np.testing.assert_array_equal(w[1, :, 0], [1, 1, 1])
+    np.testing.assert_array_equal(w[6, :, 0], [2, 4, 6])
+
+
+def test_condition_features_hold_what_each_condition_may_read() -> None:
+    q, est, eff, f = (np.full((2, 6), 1.0), np.full((2, 4), 2.0), np.full((2, 6), 3.0),
+                      np.full((2, 3), 4.0))
+    for c, extra in (("position", []), ("force_estimate", [2.0] * 4),
+                     ("telemetry", [3.0] * 6), ("oracle", [4.0] * 3)):
+        x = condition_features(c, q, est, eff, f)
+        assert x.shape == (2, feature_width(c, 6))
+        np.testing.assert_array_equal(x[0, 6:], extra)
+
+
+def _world(task: str, grams: float, n: int = 2) -> TaskWorld:
+    p = load_platform("so101")
+    return TaskWorld(p, load_world(p, None, 0), task, grams / 1000.0, CFG, list(range(n)))
+
+
+def test_expert_stiffness_matches_the_servo_law() -> None:
+    tw = _world("lift_hold", 0.0, 1)
+    # 16 / 4 PWM per count, 4096 / 2 pi counts per rad, 12 V / 6.2 ohm, 0.6 * 345 * 0.0074
+    expected = 4 * 4096 / (2 * np.pi) / 1000 * 12.0 / 6.2 * 0.6 * 345 * 0.0074
+    m = tw.world.motors
+    scale = (m["kp"][1] / 16 * 6.2 / m["resistance"][1] * m["efficiency"][1] / 0.6
+             * m["kt_motor"][1] / 0.0074)
+    assert servo_stiffness(tw)[1] == pytest.approx(expected * scale, rel=1e-9)
+
+
+def test_the_expert_lifts_and_holds_and_a_dropping_controller_fails() -> None:
+    secs = 3.0
+    cfg = dict(CFG, tasks=dict(CFG["tasks"], lift_hold=dict(CFG["tasks"]["lift_hold"],
+                                                            hold_seconds=0.5)))
+    tw = _world("lift_hold", 300.0)
+    tw.cfg = cfg
+    seeds = [0, 1]
+    expert = ScriptedExpert(tw, seeds, secs, cfg["expert"], np.random.default_rng(0))
+    log = tw.run(expert, secs, tw.start_pose(seeds))
+    assert log.success.all() and not log.tripped.any()
+    ee = log.frames["ee"][-1]
+    assert np.linalg.norm(ee - tw.target, axis=1).max() < cfg["tasks"]["lift_hold"]["tolerance_m"]
+    # The same motion with the jaw opened half way: the object falls, the task fails.
+    def opener(obs):
+        cmd = expert(obs)
+        if obs.step > 100:
+            cmd[:, tw.grip] = 0.8
+        return cmd
+    expert = ScriptedExpert(tw, seeds, secs, cfg["expert"], np.random.default_rng(0))
+    log = tw.run(opener, secs, tw.start_pose(seeds))
+    assert not log.success.any() and not log.frames["attached"][-1].any()
+    assert (log.frames["force"][-1] == 0).all()
+
+
+def test_a_controller_that_tears_at_the_arm_trips_the_over_current_protection() -> None:
+    tw = _world("lift_hold", 500.0, 1)
+    q0 = tw.start_pose([0])
+
+    def reach_out(obs):  # stretch the loaded arm far forward: the shoulder stalls
+        cmd = q0.copy()
+        cmd[:, 1], cmd[:, 2], cmd[:, 3] = 0.8, -1.0, 0.0
+        return cmd
+    log = tw.run(reach_out, 1.5, q0)
+    assert log.tripped.all() and not log.success.any()
+    assert log.meta["errors"][0, 1] == STS_OVERCURRENT_BIT  # shoulder_lift, torque off
+    assert log.frames["torque_enable"][-1, 0, 1] == 0
+    assert log.peak_current[0] > tw.world.protection.current_limit
+
+
+def test_policy_file_round_trip_and_controller_offsets(tmp_path) -> None:
+    net = PolicyNet(6, 6, history=8, width=16, depth=1, heads=2)
+    stats = {"mean": [0.1] * 6, "std": [2.0] * 6}
+    hp = dict(d_in=6, n_out=6, history=8, width=16, depth=1, heads=2)
+    path = tmp_path / "p.pt"
+    torch.save({"format": POLICY_FORMAT, "condition": "position", "hparams": hp,
+                "feature_stats": stats, "action_stats": {"mean": [0.5] * 6, "std": [0.1] * 6},
+                "state_dict": net.state_dict()}, path)
+    loaded, payload = load_policy(path)
+
+    class NoSensor:
+        estimate = np.zeros((1, 4))
+    ctrl = PolicyController(loaded, payload, NoSensor())
+    q = np.linspace(-0.3, 0.3, 6)[None]
+    obs = type("O", (), {"telemetry": {"q": q, "effort": np.zeros((1, 6))},
+                         "force_true": np.zeros((1, 3))})()
+    cmd = ctrl(obs)
+    x = torch.from_numpy(((q - 0.1) / 2.0).astype(np.float32))[:, None].repeat(1, 8, 1)
+    expect = q + net.eval()(x).detach().numpy() * 0.1 + 0.5
+    np.testing.assert_allclose(cmd, expect, atol=1e-5)
+    with pytest.raises(UserError, match="no policy file"):
+        load_policy(tmp_path / "missing.pt")
+
+
+def test_config_errors_are_one_line(tmp_path) -> None:
+    bad = tmp_path / "p.yaml"
+    bad.write_text("platform: so101\n")
+    with pytest.raises(UserError, match="missing sections"):
+        load_config(bad)
+    with pytest.raises(UserError, match="does not exist"):
+        load_config(actuator=str(tmp_path / "none.ckpt"))
