@@ -80,6 +80,15 @@ def _policy(a: argparse.Namespace) -> int:
     return 0
 
 
+def _policy_run(a: argparse.Namespace) -> int:
+    _check_model_paths(a.actuator)
+    from nactuator.policy.deploy import run_policy
+
+    print(run_policy(a.ckpt, a.actuator, a.port, seconds=a.seconds, episodes=a.episodes,
+                     calibration=a.calibration))
+    return 0
+
+
 def _check_model_paths(*paths: str | None) -> None:
     """A missing --ckpt, or a folder given for one, is refused before the room's (slow)
     imports; the loader decides the rest."""
@@ -560,6 +569,18 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--episodes", type=int, default=None,
                            help="episodes per case and condition (default: the config's)")
         s.set_defaults(func=_policy)
+    s = psub.add_parser("run", help="a fitted policy driving a servo bus (the follower or "
+                        "an emulator's pty), torque off on every exit")
+    s.add_argument("--ckpt", required=True, help="policy file from `policy fit` "
+                   "(runs/policy/so101/policies/TASK-CONDITION.pt)")
+    s.add_argument("--actuator", required=True, help="the frozen actuator model it was fitted "
+                   "with (" + MODEL_HELP + ")")
+    s.add_argument("--port", required=True, help="serial port of the arm (or an emulator's pty)")
+    s.add_argument("--calibration", default=None, help="LeRobot calibration JSON of the arm")
+    s.add_argument("--seconds", type=_positive_float, default=None,
+                   help="per episode (default: the task's)")
+    s.add_argument("--episodes", type=int, default=1)
+    s.set_defaults(func=_policy_run)
     return p
 
 

@@ -77,6 +77,7 @@ def fit_one(features: np.ndarray, actions: np.ndarray, cfg: Mapping, task: str,
         loss = float(torch.nn.functional.mse_loss(module.net(pick), target))
     payload = {"format": POLICY_FORMAT, "task": task, "condition": condition,
                "platform": cfg["platform"], "hparams": hp,
+               "seconds_per_episode": float(cfg["tasks"][task]["seconds"]),
                "feature_stats": {k: v.tolist() for k, v in fs.items()},
                "action_stats": {k: v.tolist() for k, v in as_.items()},
                "state_dict": module.net.state_dict(), "train_mse": loss,
