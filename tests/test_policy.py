@@ -64,7 +64,7 @@ def test_expert_stiffness_matches_the_servo_law() -> None:
 
 
 def test_the_expert_lifts_and_holds_and_a_dropping_controller_fails() -> None:
-    secs = 3.0
+    secs = 2.5
     cfg = dict(CFG, tasks=dict(CFG["tasks"], lift_hold=dict(CFG["tasks"]["lift_hold"],
                                                             hold_seconds=0.5)))
     tw = _world("lift_hold", 300.0)
@@ -102,13 +102,14 @@ def test_a_controller_that_tears_at_the_arm_trips_the_over_current_protection() 
     assert log.peak_current[0] > tw.world.protection.current_limit
 
 
-def test_policy_file_round_trip_and_controller_offsets(tmp_path) -> None:
-    net = PolicyNet(6, 6, history=8, width=16, depth=1, heads=2)
-    stats = {"mean": [0.1] * 6, "std": [2.0] * 6}
-    hp = dict(d_in=6, n_out=6, history=8, width=16, depth=1, heads=2)
+def test_policy_file_round_trip_and_controller_commands(tmp_path) -> None:
+    net = PolicyNet(7, 6, history=8, width=16, depth=1, heads=2)
+    stats = {"mean": [0.1] * 7, "std": [2.0] * 7}
+    hp = dict(d_in=7, n_out=6, history=8, width=16, depth=1, heads=2)
     path = tmp_path / "p.pt"
     torch.save({"format": POLICY_FORMAT, "condition": "position", "hparams": hp,
-                "feature_stats": stats, "action_stats": {"mean": [0.5] * 6, "std": [0.1] * 6},
+                "seconds_per_episode": 4.0, "feature_stats": stats,
+                "action_stats": {"mean": [0.5] * 6, "std": [0.1] * 6},
                 "state_dict": net.state_dict()}, path)
     loaded, payload = load_policy(path)
 
@@ -116,11 +117,12 @@ def test_policy_file_round_trip_and_controller_offsets(tmp_path) -> None:
         estimate = np.zeros((1, 4))
     ctrl = PolicyController(loaded, payload, NoSensor())
     q = np.linspace(-0.3, 0.3, 6)[None]
-    obs = type("O", (), {"telemetry": {"q": q, "effort": np.zeros((1, 6))},
+    obs = type("O", (), {"telemetry": {"q": q, "effort": np.zeros((1, 6))}, "t": 1.0,
                          "force_true": np.zeros((1, 3))})()
     cmd = ctrl(obs)
-    x = torch.from_numpy(((q - 0.1) / 2.0).astype(np.float32))[:, None].repeat(1, 8, 1)
-    expect = q + net.eval()(x).detach().numpy() * 0.1 + 0.5
+    frame = np.concatenate([q, [[1.0 / 4.0]]], axis=1)  # q and the phase t / seconds
+    x = torch.from_numpy(((frame - 0.1) / 2.0).astype(np.float32))[:, None].repeat(1, 8, 1)
+    expect = net.eval()(x).detach().numpy() * 0.1 + 0.5
     np.testing.assert_allclose(cmd, expect, atol=1e-5)
     with pytest.raises(UserError, match="no policy file"):
         load_policy(tmp_path / "missing.pt")

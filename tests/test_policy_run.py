@@ -35,14 +35,14 @@ def _files(tmp_path, n: int = 6) -> tuple[str, str]:
     save_bundle(bundle_to_dict(act, "so101", {"input_filters": input_filter_spec(1)}),
                 actuator)
     torch.manual_seed(0)
-    net = PolicyNet(n + 4, n, history=8, width=16, depth=1, heads=2)
+    net = PolicyNet(n + 5, n, history=8, width=16, depth=1, heads=2)
     for prm in net.head.parameters():  # a policy that holds still: zero offsets
         torch.nn.init.zeros_(prm)
     policy = tmp_path / "lift_hold-force_estimate.pt"
     torch.save({"format": POLICY_FORMAT, "task": "lift_hold", "condition": "force_estimate",
                 "platform": "so101", "seconds_per_episode": 0.5,
-                "hparams": dict(d_in=n + 4, n_out=n, history=8, width=16, depth=1, heads=2),
-                "feature_stats": {"mean": [0.0] * (n + 4), "std": [1.0] * (n + 4)},
+                "hparams": dict(d_in=n + 5, n_out=n, history=8, width=16, depth=1, heads=2),
+                "feature_stats": {"mean": [0.0] * (n + 5), "std": [1.0] * (n + 5)},
                 "action_stats": {"mean": [0.0] * n, "std": [1.0] * n},
                 "state_dict": net.state_dict()}, policy)
     return str(policy), str(actuator)

@@ -565,9 +565,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="frozen actuator checkpoint (default: the config's)")
         s.add_argument("--out", default="runs/policy/so101", help="the policy run folder: "
                        "demos/, policies/ and eval/ go under it")
-        if name == "eval":
+        if name in ("demos", "eval"):
             s.add_argument("--episodes", type=int, default=None,
-                           help="episodes per case and condition (default: the config's)")
+                           help="episodes per task and payload (demos) or per case and "
+                                "condition (eval); default: the config's")
+        if name == "fit":
+            s.add_argument("--max-steps", type=int, default=None,
+                           help="optimiser steps per policy (default: the config's)")
         s.set_defaults(func=_policy)
     s = psub.add_parser("run", help="a fitted policy driving a servo bus (the follower or "
                         "an emulator's pty), torque off on every exit")

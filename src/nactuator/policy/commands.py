@@ -12,6 +12,10 @@ def run_policy_command(action: str, a: argparse.Namespace) -> str:
     from .config import load_config
 
     cfg = load_config(a.config, a.actuator)
+    if getattr(a, "episodes", None) is not None and action == "demos":
+        cfg["demos"]["episodes"] = a.episodes
+    if getattr(a, "max_steps", None) is not None:
+        cfg["policy"]["max_steps"] = a.max_steps
     root = Path(a.out)
     if action == "demos":
         from .demos import make_demos

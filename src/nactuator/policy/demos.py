@@ -79,8 +79,7 @@ def make_demos(config: Mapping, out: str | Path) -> str:
         logs.append((task, g, log))
         for c in CONDITIONS:
             arrays.setdefault(f"{task}/{c}", []).append(np.stack(rec.features[c]))
-        arrays.setdefault(f"{task}/action", []).append(
-            (log.frames["q_cmd"] - log.frames["q"]).astype(np.float32))
+        arrays.setdefault(f"{task}/command", []).append(log.frames["q_cmd"].astype(np.float32))
         arrays.setdefault(f"{task}/success", []).append(log.success)
         bar.update(1)
     bar.close()

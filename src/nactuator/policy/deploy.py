@@ -57,7 +57,7 @@ def run_policy(ckpt: str | Path, actuator: str | Path, port: str, seconds: float
             for _ in range(episodes):
                 cycles += _episode(bus, PolicyController(net, payload,
                                                          ForceSensor(model, meta, 1, p.n)),
-                                   frames, p.fps)
+                                   frames, p.fps, p.control_dt)
                 done += 1
     except KeyboardInterrupt:
         interrupted = True
@@ -67,7 +67,7 @@ def run_policy(ckpt: str | Path, actuator: str | Path, port: str, seconds: float
             f"({payload['task']}, {payload['condition']}); {how}")
 
 
-def _episode(bus, ctrl: PolicyController, frames: int, fps: float) -> int:
+def _episode(bus, ctrl: PolicyController, frames: int, fps: float, dt: float) -> int:
     """One episode at the platform rate (a late cycle loses slots, never bursts)."""
     last = None
     pace = FixedRate(fps).start()
@@ -77,7 +77,7 @@ def _episode(bus, ctrl: PolicyController, frames: int, fps: float) -> int:
         if last is not None:  # an unread motor keeps its last reading
             tel = {key: np.where(np.isnan(v), last[key], v) for key, v in tel.items()}
         tel = last = {key: np.nan_to_num(v) for key, v in tel.items()}
-        obs = Observation(k, k / fps, tel, np.zeros((1, 3)), np.zeros(1, bool),
+        obs = Observation(k, k * dt, tel, np.zeros((1, 3)), np.zeros(1, bool),
                           np.full((1, 3), np.nan))
         q_cmd = ctrl(obs)
         bus.write_goal(q_cmd[0])

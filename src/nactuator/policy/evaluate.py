@@ -27,8 +27,8 @@ from nactuator.world.protection import STS_OVERCURRENT_BIT
 
 from .fit import POLICY_FORMAT, policy_path
 from .network import PolicyNet
-from .plots import plot_rollouts, plot_success
-from .sensing import ForceSensor, condition_features
+from .plots import plot_rollouts, plot_success, plot_tolerance
+from .sensing import ForceSensor, condition_features, phase
 from .task_world import EpisodeLog, Observation, TaskWorld
 
 __all__ = ["PolicyController", "evaluate_policies", "load_policy", "wilson_interval"]
@@ -66,6 +66,7 @@ class PolicyController:
         self.net, self.sensor = net, sensor
         self.condition = payload["condition"]
         self.history = int(payload["hparams"]["history"])
+        self.seconds = float(payload["seconds_per_episode"])
         fs, acts = payload["feature_stats"], payload["action_stats"]
         self.f_mean, self.f_std = np.asarray(fs["mean"]), np.asarray(fs["std"])
         self.a_mean, self.a_std = np.asarray(acts["mean"]), np.asarray(acts["std"])
@@ -77,6 +78,8 @@ class PolicyController:
         tel = obs.telemetry
         feats = condition_features(self.condition, tel["q"], self.sensor.estimate,
                                    tel["effort"], obs.force_true)
+        clock = np.full((len(feats), 1), phase(obs.t, self.seconds), dtype=np.float32)
+        feats = np.concatenate([feats, clock], axis=1)
         x = ((feats - self.f_mean) / self.f_std).astype(np.float32)
         if self.buffer is None:  # the first frame repeated, as in training
             self.buffer = np.repeat(x[:, None], self.history, axis=1)
@@ -84,7 +87,7 @@ class PolicyController:
             self.buffer = np.concatenate([self.buffer[:, 1:], x[:, None]], axis=1)
         with torch.inference_mode():
             y = self.net(torch.from_numpy(self.buffer)).numpy()
-        return tel["q"] + y * self.a_std + self.a_mean
+        return y * self.a_std + self.a_mean
 
     def after_step(self, obs: Observation, q_cmd: np.ndarray) -> None:
         self.estimates.append(self.sensor.push(obs.telemetry, q_cmd)[:, :3].copy())
@@ -103,8 +106,17 @@ def _summary(log: EpisodeLog, ctrl: PolicyController) -> dict:
             "limit_hits": int(log.limit_hit.sum()),
             "peak_current_A": float(log.peak_current.max()),
             "peak_current_median_A": float(np.median(log.peak_current)),
+            # the largest motor current's 99th percentile over frames, median over episodes:
+            # a peak is often one start transient (1.6 A is the motor's current limit)
+            "current_p99_A": float(np.median(np.percentile(
+                np.abs(log.frames["current"]).max(axis=2), 99, axis=0))),
             "force_mae_N": float(np.abs(est - true).mean()),
-            "final_error_median_m": float(np.median(log.final_error_m))}
+            "final_error_median_m": float(np.median(log.final_error_m)),
+            # per episode, for success at other tolerances (plots.plot_tolerance)
+            "final_error_m": [float(x) if np.isfinite(x) else None for x in log.final_error_m],
+            "episode_other_ok": [bool(x) for x in log.other_ok],
+            "episode_tripped": [bool(x) for x in log.tripped],
+            "episode_success": [bool(x) for x in log.success]}
 
 
 def evaluate_policies(cfg: Mapping, policies: str | Path, out: str | Path,
@@ -141,6 +153,7 @@ def evaluate_policies(cfg: Mapping, policies: str | Path, out: str | Path,
                                       "results": results})
     plot_success(results, out / "success.png")
     plot_rollouts(traces, out / "rollouts.png")
+    plot_tolerance(results, out / "tolerance.png")
     lines = [f"{r['task']} {r['payload_g']} g {r['condition']}: {r['successes']}/{r['episodes']}"
              f" ({100 * r['wilson95'][0]:.0f}-{100 * r['wilson95'][1]:.0f} %), trips "
              f"{r['trips']}, peak {r['peak_current_A']:.2f} A, force MAE "

@@ -3,8 +3,11 @@ condition, each a :class:`PolicyModule` trained with Lightning on one core.
 
 A training sample is the ``history`` feature frames ending at step k (frames before the
 episode start repeat its first frame, as the controller's buffer does at the start of a
-rollout) and the expert's command offset at k (q_cmd − q). Features and offsets are
-normalised with the demonstrations' mean and standard deviation, stored in the policy file.
+rollout), each with the episode phase appended (``sensing.phase``), and the expert's
+command at k (absolute joint goals, as ACT predicts them: an
+offset from the measured q would make the closed loop integrate every bias of the offset
+into a drift). Features and commands are normalised with the demonstrations' mean and
+standard deviation, stored in the policy file.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from nactuator.atomic import atomic_path
 from nactuator.errors import UserError
+from nactuator.platforms import load_platform
 
 from .network import PolicyModule
-from .sensing import CONDITIONS
+from .sensing import CONDITIONS, phase
 from .task_world import TASKS
 
 __all__ = ["POLICY_FORMAT", "fit_policies", "history_windows", "policy_path"]
@@ -51,9 +55,14 @@ def _stats(x: np.ndarray) -> dict[str, np.ndarray]:
 
 def fit_one(features: np.ndarray, actions: np.ndarray, cfg: Mapping, task: str,
             condition: str, out: Path) -> dict:
-    """Train one policy on (T, E, d) features and (T, E, n) offsets; write ``out``."""
+    """Train one policy on (T, E, d) features and (T, E, n) commands; write ``out``."""
     pc = cfg["policy"]
     h = int(pc["history"])
+    seconds = float(cfg["tasks"][task]["seconds"])
+    dt = load_platform(cfg["platform"]).control_dt  # the demos' frame period
+    clock = phase(np.arange(features.shape[0]) * dt, seconds)
+    features = np.concatenate([features, np.broadcast_to(
+        clock[:, None, None], (*features.shape[:2], 1))], axis=2)
     fs, as_ = _stats(features), _stats(actions)
     x = history_windows((features - fs["mean"]) / fs["std"], h).astype(np.float32)
     y = ((actions - as_["mean"]) / as_["std"]).reshape(-1, actions.shape[-1]).astype(np.float32)
@@ -103,7 +112,7 @@ def fit_policies(cfg: Mapping, demos: str | Path, out: str | Path,
             key = f"{task}/{c}"
             if key not in data:
                 raise UserError(f"{path}: no features {key!r}")
-            r = fit_one(data[key], data[f"{task}/action"], cfg, task, c,
+            r = fit_one(data[key], data[f"{task}/command"], cfg, task, c,
                         policy_path(out, task, c))
             lines.append(f"{task}/{c}: train mse {r['train_mse']:.3f} in {r['seconds']:.0f} s")
     return "policy fit: " + "; ".join(lines) + f"; policies in {out}"

@@ -1,6 +1,6 @@
 """The policy: a small transformer over the last ``history`` observation frames that
-predicts the next command as an offset from the current joint positions, and its
-LightningModule (behaviour cloning: mean squared error on normalised offsets)."""
+predicts the next command (absolute joint goals), and its LightningModule (behaviour
+cloning: mean squared error on normalised commands)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ __all__ = ["PolicyModule", "PolicyNet"]
 
 
 class PolicyNet(nn.Module):
-    """(B, history, d_in) normalised features -> (B, n_out) normalised command offset."""
+    """(B, history, d_in) normalised features -> (B, n_out) normalised command."""
 
     def __init__(self, d_in: int, n_out: int, history: int = 8, width: int = 64,
                  depth: int = 2, heads: int = 4) -> None:

@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 
 from nactuator.atomic import write_png  # noqa: E402
 
-__all__ = ["plot_rollouts", "plot_success"]
+__all__ = ["plot_rollouts", "plot_success", "plot_tolerance", "success_at"]
 
 
 def plot_success(results: Sequence[Mapping], path: Path) -> Path:
@@ -59,5 +59,29 @@ def plot_rollouts(traces: Mapping[str, Mapping], path: Path) -> Path:
     axes[1, 0].set_ylabel("f_z [N]")
     axes[1, 0].legend(fontsize=6)
     axes[2, 0].set_ylabel("max |current| [A]")
+    fig.tight_layout()
+    return write_png(path, fig)
+
+
+def success_at(row: Mapping, tolerance: float) -> float:
+    """Success rate of one result row had the distance tolerance been ``tolerance`` [m]."""
+    err = np.array([np.inf if e is None else e for e in row["final_error_m"]])
+    return float((np.asarray(row["episode_other_ok"]) & (err <= tolerance)).mean())
+
+
+def plot_tolerance(results: Sequence[Mapping], path: Path) -> Path:
+    """Success against the distance tolerance, per case and condition (the configured
+    tolerance is one point of each curve; the others show how close the failures came)."""
+    cases = list(dict.fromkeys((r["task"], r["payload_g"]) for r in results))
+    fig, axes = plt.subplots(1, len(cases), figsize=(3.2 * len(cases), 3.2), squeeze=False)
+    tol = np.linspace(0.0, 0.08, 81)
+    for ax, (task, grams) in zip(axes[0], cases, strict=True):
+        for r in results:
+            if (r["task"], r["payload_g"]) == (task, grams):
+                ax.plot(100 * tol, [100 * success_at(r, x) for x in tol], label=r["condition"])
+        ax.set_title(f"{task} {grams} g", fontsize=8)
+        ax.set_xlabel("distance tolerance [cm]")
+    axes[0, 0].set_ylabel("success [%]")
+    axes[0, 0].legend(fontsize=7)
     fig.tight_layout()
     return write_png(path, fig)

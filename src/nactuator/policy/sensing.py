@@ -9,6 +9,10 @@ Conditions (the issue's baselines; one name each):
 - ``telemetry``: q + the raw servo effort signal (no actuator model: the cheap trick);
 - ``oracle``: q + the true force the payload puts on the end effector.
 
+Every condition also reads the episode's phase (time since the start / the task's length,
+in [0, 1]): the demonstrator waits a moment at rest before lifting, which no joint reading
+can tell apart from "stay"; the clock is the same in every condition, the payload in none.
+
 The force sensor needs the command of the frame it reads, which a controller only decides
 after seeing the frame; so the f̂ a policy sees at step k is the model's output for frame
 k − 1 (one control period old), in demonstrations and evaluation alike.
@@ -21,16 +25,22 @@ import torch
 
 from nactuator.rollout import StreamingWindow
 
-__all__ = ["CONDITIONS", "ForceSensor", "condition_features", "feature_width"]
+__all__ = ["CONDITIONS", "ForceSensor", "condition_features", "feature_width", "phase"]
 
 CONDITIONS = ("position", "force_estimate", "telemetry", "oracle")
 
 
 def feature_width(condition: str, n: int) -> int:
+    """Features per frame as stored by the demos (the phase is appended at fit time)."""
     extra = {"position": 0, "force_estimate": 4, "telemetry": n, "oracle": 3}
     if condition not in extra:
         raise ValueError(f"unknown condition {condition!r}; expected one of {CONDITIONS}")
     return n + extra[condition]
+
+
+def phase(t: np.ndarray | float, seconds: float) -> np.ndarray:
+    """Episode phase in [0, 1] at time ``t`` [s] of a ``seconds`` long task."""
+    return np.clip(np.asarray(t, dtype=np.float32) / np.float32(seconds), 0.0, 1.0)
 
 
 def condition_features(condition: str, q: np.ndarray, estimate: np.ndarray,

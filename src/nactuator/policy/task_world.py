@@ -63,6 +63,7 @@ class EpisodeLog:
     limit_hit: np.ndarray
     peak_current: np.ndarray  # (n_envs,) max |A| over every motor
     final_error_m: np.ndarray
+    other_ok: np.ndarray  # (n_envs,) every criterion but the distance held
     meta: dict = field(default_factory=dict)
 
 
@@ -195,12 +196,13 @@ class TaskWorld:
             hold = max(1, int(round(t["hold_seconds"] / self.platform.control_dt)))
             mean_ee = frames["ee"][-hold:].mean(axis=0)
             error = np.linalg.norm(mean_ee - self.target, axis=1)
-            ok = (error <= t["tolerance_m"]) & frames["attached"][-hold:].all(axis=0)
+            other = frames["attached"][-hold:].all(axis=0)
         else:
             error = np.linalg.norm(self.release_at[:, :2] - self.target[:2], axis=1)
             error = np.where(self.released, error, np.inf)
-            ok = self.released & ~self.dropped & (error <= t["tolerance_m"])
-        ok &= ~tripped & ~limit_hit
-        return EpisodeLog(frames, ok, tripped, limit_hit, peak, error,
+            other = self.released & ~self.dropped
+        other &= ~tripped & ~limit_hit
+        ok = other & (error <= t["tolerance_m"])
+        return EpisodeLog(frames, ok, tripped, limit_hit, peak, error, other,
                           meta={"task": self.task, "payload_kg": self.mass,
                                 "errors": prot.errors.copy()})
