@@ -30,6 +30,8 @@ SHORTER = [
     (r"^(nactuator data synth .*)$", r"\1 --trajectories-per-task 3 --seconds 2"),
     (r"--seconds 10\b", "--seconds 1"),
     (r"^(nactuator cv .*?)--max-folds \d+(.*?) -- (.*)$", rf"\1--max-folds 1\2 -- \3 {TINY_TRAIN}"),
+    (r"^(nactuator policy (?:demos|eval) .*)$", r"\1 --episodes 1"),
+    (r"^(nactuator policy fit .*)$", r"\1 --max-steps 2"),
     (r"^(nactuator sweep .*?)--max-runs \d+(.*)$",
      r"\1--max-runs 1\2 -- --trainer.max_epochs=1 --data.samples_per_epoch=8"),
 ]

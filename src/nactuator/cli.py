@@ -583,7 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--calibration", default=None, help="LeRobot calibration JSON of the arm")
     s.add_argument("--seconds", type=_positive_float, default=None,
                    help="per episode (default: the task's)")
-    s.add_argument("--episodes", type=int, default=1)
+    s.add_argument("--episodes", type=int, default=1, help="episodes to run, one after another")
     s.set_defaults(func=_policy_run)
     return p
 
