@@ -49,27 +49,30 @@ def run_policy(ckpt: str | Path, actuator: str | Path, port: str, seconds: float
     if not seconds > 0 or episodes < 1:
         raise UserError(f"seconds must be > 0 and episodes >= 1, got {seconds}, {episodes}")
     frames = int(round(seconds * p.fps))
-    done, cycles, interrupted = 0, 0, False
+    done, cycles, lost, interrupted = 0, 0, 0, False
     started = time.perf_counter()
     try:  # outside the bus: leaving it (any way) switches torque off first
         with sigterm_as_interrupt(), open_bus(p, port, calibration, torque=True) as bus:
             bus.wait_ready()
             for _ in range(episodes):
-                cycles += _episode(bus, PolicyController(net, payload,
-                                                         ForceSensor(model, meta, 1, p.n)),
-                                   frames, p.fps, p.control_dt)
+                ran, missed = _episode(bus, PolicyController(
+                    net, payload, ForceSensor(model, meta, 1, p.n)), frames, p.fps, p.control_dt)
+                cycles, lost = cycles + ran, lost + missed
                 done += 1
     except KeyboardInterrupt:
         interrupted = True
     wall = time.perf_counter() - started
     how = "interrupted (Ctrl-C), torque off" if interrupted else "torque off"
     return (f"policy run: {done}/{episodes} episodes, {cycles} cycles in {wall:.1f} s "
-            f"({payload['task']}, {payload['condition']}); {how}")
+            f"({payload['task']}, {payload['condition']}), {lost} schedule slots lost to late "
+            f"cycles; {how}")
 
 
-def _episode(bus, ctrl: PolicyController, frames: int, fps: float, dt: float) -> int:
-    """One episode at the platform rate (a late cycle loses slots, never bursts)."""
-    last = None
+def _episode(bus, ctrl: PolicyController, frames: int, fps: float,
+             dt: float) -> tuple[int, int]:
+    """One episode at the platform rate (a late cycle loses slots, never bursts); returns
+    the cycles run and the slots lost."""
+    last, lost = None, 0
     pace = FixedRate(fps).start()
     for k in range(frames):
         frame = bus.read()
@@ -82,5 +85,5 @@ def _episode(bus, ctrl: PolicyController, frames: int, fps: float, dt: float) ->
         q_cmd = ctrl(obs)
         bus.write_goal(q_cmd[0])
         ctrl.after_step(obs, q_cmd)
-        pace.wait()
-    return frames
+        lost += pace.wait()
+    return frames, lost
