@@ -50,32 +50,40 @@ def run_policy(ckpt: str | Path, actuator: str | Path, port: str, seconds: float
         raise UserError(f"seconds must be > 0 and episodes >= 1, got {seconds}, {episodes}")
     frames = int(round(seconds * p.fps))
     done, cycles, lost, interrupted = 0, 0, 0, False
+    timings: list[tuple[float, float, float, float]] = []
     started = time.perf_counter()
     try:  # outside the bus: leaving it (any way) switches torque off first
         with sigterm_as_interrupt(), open_bus(p, port, calibration, torque=True) as bus:
             bus.wait_ready()
             for _ in range(episodes):
                 ran, missed = _episode(bus, PolicyController(
-                    net, payload, ForceSensor(model, meta, 1, p.n)), frames, p.fps, p.control_dt)
+                    net, payload, ForceSensor(model, meta, 1, p.n)), frames, p.fps, p.control_dt,
+                    timings)
                 cycles, lost = cycles + ran, lost + missed
                 done += 1
     except KeyboardInterrupt:
         interrupted = True
     wall = time.perf_counter() - started
     how = "interrupted (Ctrl-C), torque off" if interrupted else "torque off"
+    p50 = (np.percentile(np.array(timings) * 1e3, 50, axis=0) if timings
+           else np.full(4, np.nan))
     return (f"policy run: {done}/{episodes} episodes, {cycles} cycles in {wall:.1f} s "
             f"({payload['task']}, {payload['condition']}), {lost} schedule slots lost to late "
-            f"cycles; {how}")
+            f"cycles; per cycle p50 read {p50[0]:.2f} ms, policy {p50[1]:.2f} ms, write "
+            f"{p50[2]:.2f} ms, force sensor {p50[3]:.2f} ms; {how}")
 
 
-def _episode(bus, ctrl: PolicyController, frames: int, fps: float,
-             dt: float) -> tuple[int, int]:
+def _episode(bus, ctrl: PolicyController, frames: int, fps: float, dt: float,
+             timings: list[tuple[float, float, float, float]]) -> tuple[int, int]:
     """One episode at the platform rate (a late cycle loses slots, never bursts); returns
-    the cycles run and the slots lost."""
+    the cycles run and the slots lost, and appends each cycle's (read, policy, write,
+    sensor) seconds to ``timings``."""
     last, lost = None, 0
     pace = FixedRate(fps).start()
     for k in range(frames):
+        t0 = time.perf_counter()
         frame = bus.read()
+        t1 = time.perf_counter()
         tel = {key: np.asarray(getattr(frame, key), float)[None] for key in TELEMETRY}
         if last is not None:  # an unread motor keeps its last reading
             tel = {key: np.where(np.isnan(v), last[key], v) for key, v in tel.items()}
@@ -83,7 +91,11 @@ def _episode(bus, ctrl: PolicyController, frames: int, fps: float,
         obs = Observation(k, k * dt, tel, np.zeros((1, 3)), np.zeros(1, bool),
                           np.full((1, 3), np.nan))
         q_cmd = ctrl(obs)
+        t2 = time.perf_counter()
         bus.write_goal(q_cmd[0])
+        t3 = time.perf_counter()
         ctrl.after_step(obs, q_cmd)
+        t4 = time.perf_counter()
+        timings.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3))
         lost += pace.wait()
     return frames, lost
