@@ -135,3 +135,29 @@ def test_config_errors_are_one_line(tmp_path) -> None:
         load_config(bad)
     with pytest.raises(UserError, match="does not exist"):
         load_config(actuator=str(tmp_path / "none.ckpt"))
+
+
+def test_demo_episodes_are_written_as_a_nactuator_dataset(tmp_path) -> None:
+    """`action` = the commanded joints, the payload mass only while the object is held."""
+    from nactuator.data import read_dataset
+    from nactuator.policy.demos import _write_dataset
+    from nactuator.policy.task_world import EpisodeLog
+
+    p = load_platform("so101")
+    rng = np.random.default_rng(0)
+    T, E, n = 5, 2, p.n
+    frames = {k: rng.normal(size=(T, E, n)) for k in ("q_cmd", "q", "qd", "effort")}
+    frames.update(voltage=np.full((T, E, n), 12.0), temperature=np.full((T, E, n), 30.0),
+                  current=np.full((T, E, n), np.nan), torque_enable=np.ones((T, E, n)),
+                  force=np.zeros((T, E, 3)), attached=np.zeros((T, E), bool))
+    frames["attached"][2:, 1] = True
+    frames["force"][2:, 1, 2] = -0.2 * 9.81
+    ok = np.array([True, False])
+    log = EpisodeLog(frames, ok, ~ok, ~ok, np.ones(E), np.zeros(E), ok)
+    _write_dataset(tmp_path / "ds", p, [("lift_hold", 200, log)])
+    ds = read_dataset(tmp_path / "ds")
+    assert len(ds.episodes) == 2
+    ep = ds.episodes[1]
+    np.testing.assert_allclose(ep.frames["q_cmd"], frames["q_cmd"][:, 1], atol=1e-6)
+    np.testing.assert_allclose(ep.frames["payload_mass"], [0, 0, 0.2, 0.2, 0.2], atol=1e-7)
+    assert ep.task == "lift_hold_200g" and ep.meta["success"] is False

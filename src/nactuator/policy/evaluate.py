@@ -109,7 +109,7 @@ def _summary(log: EpisodeLog, ctrl: PolicyController) -> dict:
             # the largest motor current's 99th percentile over frames, median over episodes:
             # a peak is often one start transient (1.6 A is the motor's current limit)
             "current_p99_A": float(np.median(np.percentile(
-                np.abs(log.frames["current"]).max(axis=2), 99, axis=0))),
+                np.abs(log.frames["current_true"]).max(axis=2), 99, axis=0))),
             "force_mae_N": float(np.abs(est - true).mean()),
             "final_error_median_m": float(np.median(log.final_error_m)),
             # per episode, for success at other tolerances (plots.plot_tolerance)
@@ -143,7 +143,7 @@ def evaluate_policies(cfg: Mapping, policies: str | Path, out: str | Path,
         row = {"task": task, "payload_g": grams, "condition": condition, **_summary(log, ctrl)}
         results.append(row)
         traces[f"{task}-{grams}g/{condition}"] = {
-            "ee": log.frames["ee"][:, 0], "current": log.frames["current"][:, 0],
+            "ee": log.frames["ee"][:, 0], "current": log.frames["current_true"][:, 0],
             "estimate": np.stack(ctrl.estimates)[:, 0], "force": log.frames["force"][:, 0],
             "target": tw.target, "trip_A": tw.world.protection.current_limit,
             "success": bool(log.success[0]), "dt": p.control_dt}

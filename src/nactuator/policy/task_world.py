@@ -157,8 +157,8 @@ class TaskWorld:
         w.step(float(self.params.physics["settle_seconds"]))
         frames = max(2, int(round(seconds / self.platform.control_dt)))
         log: dict[str, list[np.ndarray]] = {k: [] for k in (
-            "q_cmd", "q", "qd", "effort", "voltage", "temperature", "current", "force",
-            "ee", "attached", "torque_enable")}
+            "q_cmd", "q", "qd", "effort", "voltage", "temperature", "current",
+            "current_true", "force", "ee", "attached", "torque_enable")}
         limit_hit = np.zeros(self.n_envs, dtype=bool)
         margin = float(self.cfg["tasks"][self.task]["limit_margin"])
         for k in range(frames):
@@ -173,9 +173,9 @@ class TaskWorld:
             q = tel["q"][:, self.arm]
             limit_hit |= ((q <= self.lower[self.arm] + margin)
                           | (q >= self.upper[self.arm] - margin)).any(axis=1)
-            for key in ("q", "qd", "effort", "voltage", "temperature"):
-                log[key].append(tel[key])
-            log["current"].append(tel["current_true"])
+            for key in ("q", "qd", "effort", "voltage", "temperature", "current"):
+                log[key].append(tel[key])  # telemetry (NaN where the servo has no register)
+            log["current_true"].append(tel["current_true"])  # hidden: for the verdict only
             log["q_cmd"].append(w.goal())
             log["force"].append(self.force.copy())
             log["ee"].append(ee)
