@@ -155,6 +155,9 @@ class TaskWorld:
         self._reset_object()
         self._update_object(q0, w.ee_position())
         w.step(float(self.params.physics["settle_seconds"]))
+        # Trips and peaks count from the first controlled frame: the settle (the arm
+        # catching its own weight at the start pose) is the world's, not the controller's.
+        w.protection.reset()
         frames = max(2, int(round(seconds / self.platform.control_dt)))
         log: dict[str, list[np.ndarray]] = {k: [] for k in (
             "q_cmd", "q", "qd", "effort", "voltage", "temperature", "current",
