@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from nactuator.errors import UserError
-from nactuator.platforms import conf_dir
+from nactuator.paths import conf_dir
 
 from .sensing import CONDITIONS
 from .task_world import TASKS

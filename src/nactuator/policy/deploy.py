@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from nactuator.errors import UserError
-from nactuator.hardware.bus import open_bus
+from nactuator.hardware.open import open_bus
 from nactuator.hardware.signals import sigterm_as_interrupt
 from nactuator.hardware.timing import FixedRate
 from nactuator.models import load_model

@@ -21,7 +21,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .task_world import G, Observation, TaskWorld
+from nactuator.constants import GRAVITY
+
+from .task_world import Observation, TaskWorld
 
 __all__ = ["ScriptedExpert", "servo_stiffness"]
 
@@ -61,7 +63,7 @@ class ScriptedExpert:
         q = obs.telemetry["q"]
         arm = tw.arm
         target = np.zeros_like(self.ff)
-        force = np.array([0.0, 0.0, -tw.mass * G])
+        force = np.array([0.0, 0.0, -tw.mass * GRAVITY])
         for e in np.flatnonzero(obs.attached):
             tau = tw.kin.jacobian(q[e]).T @ force  # payload torque on each joint
             target[e, arm] = -self.gain[e] * tau[arm] / self.k[arm]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from nactuator.constants import GRAVITY
 from nactuator.platforms import Platform
 from nactuator.world import World, WorldParams
 from nactuator.world.protection import make_protection
@@ -37,7 +38,6 @@ from nactuator.world.tasks import EpisodePlan, Kinematics, plan_episode
 
 __all__ = ["TASKS", "EpisodeLog", "Observation", "TaskWorld"]
 
-G = 9.81
 TASKS = ("lift_hold", "pick_place")
 
 
@@ -125,7 +125,7 @@ class TaskWorld:
         between = self.attached | (free & near)
         self.world.set_grasp(np.where(between, self.jaw, np.nan))
         force = np.zeros((self.n_envs, 3))
-        force[:, 2] = np.where(self.attached, -self.mass * G, 0.0)
+        force[:, 2] = np.where(self.attached, -self.mass * GRAVITY, 0.0)
         self.world.set_external_force(force)
         self.force = force
 
