@@ -240,4 +240,4 @@ def test_bad_configuration_gives_clear_errors():
         NeuralActuator(["state"], norm_stats=make_stats())
     with pytest.raises(ValueError, match="needs an 'arch'"):
         NeuralActuator(["state"], N, make_stats(), {"d_model": 64})
-    assert sorted(ENCODERS) == sorted(ARCHS)
+    assert sorted(ENCODERS) == sorted((*ARCHS, "jointwise"))

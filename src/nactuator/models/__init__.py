@@ -1,7 +1,7 @@
 """nactuator.models: pure ``nn.Module``s for the neural actuator (Contract 4).
 
 ``FeatureBuilder`` turns a window of raw channels into normalised tokens, ``build_model``
-makes one encoder (transformer | mlp | gru | lstm) with the shared torque / force-gate /
+makes one encoder (transformer | mlp | gru | lstm | jointwise) with the torque / force-gate /
 condition heads, ``NeuralActuator`` joins the two, and the bundle functions save and
 rebuild a trained actuator without its training data or config files. ``load_model`` loads
 what ``infer``, ``live`` and ``eval`` run: a checkpoint/bundle, or a file written by

@@ -12,8 +12,10 @@ __all__ = ["DEPTH_KEY", "WIDTH_KEY", "physics_inputs", "resolve_model_config"]
 
 # Which size name is the "width" and the "depth" of each architecture, so that one sweep
 # axis (model.width / model.depth) means the same thing for every arch.
-WIDTH_KEY = {"transformer": "d_model", "mlp": "hidden", "gru": "hidden", "lstm": "hidden"}
-DEPTH_KEY = {"transformer": "n_layers", "mlp": "n_layers", "gru": "n_layers", "lstm": "n_layers"}
+WIDTH_KEY = {"transformer": "d_model", "mlp": "hidden", "gru": "hidden", "lstm": "hidden",
+             "jointwise": "hidden"}
+DEPTH_KEY = {"transformer": "n_layers", "mlp": "n_layers", "gru": "n_layers", "lstm": "n_layers",
+             "jointwise": "n_layers"}
 
 
 def resolve_model_config(

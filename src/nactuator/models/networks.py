@@ -1,4 +1,9 @@
-"""``build_model``: one encoder (transformer | mlp | gru | lstm) plus the shared heads."""
+"""``build_model``: one encoder (transformer | mlp | gru | lstm | jointwise) plus its heads.
+
+Every arch but ``jointwise`` pools the window into one whole-arm feature read by
+``ActuatorHeads``; ``jointwise`` keeps one feature per joint, read by ``JointwiseHeads``
+(the same output keys and shapes, so training, eval, bundle, export and live do not
+know the difference)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from torch import nn
 
 from nactuator.models.baselines import GRUEncoder, LSTMEncoder, MLPEncoder
 from nactuator.models.heads import ActuatorHeads
+from nactuator.models.jointwise import JointwiseEncoder, JointwiseHeads
 from nactuator.models.transformer import TransformerEncoder
 
 ENCODERS: dict[str, Any] = {
@@ -17,14 +23,18 @@ ENCODERS: dict[str, Any] = {
     "mlp": MLPEncoder,
     "gru": GRUEncoder,
     "lstm": LSTMEncoder,
+    "jointwise": JointwiseEncoder,
 }
+# Heads of each arch (default: the whole-arm ActuatorHeads); both take the same sizes.
+HEADS: dict[str, Any] = {"jointwise": JointwiseHeads}
 
 
 def _defaults(fn: Any) -> dict[str, Any]:
     """Keyword defaults of a constructor, minus the window length (passed separately)."""
     params = inspect.signature(fn).parameters
     return {k: p.default for k, p in params.items()
-            if p.default is not inspect.Parameter.empty and k != "window_length"}
+            if p.default is not inspect.Parameter.empty and k not in ("window_length",
+                                                                       "n_motors")}
 
 
 class ActuatorNet(nn.Module):
@@ -34,7 +44,7 @@ class ActuatorNet(nn.Module):
     rebuild exactly this network without any config file.
     """
 
-    def __init__(self, encoder: nn.Module, heads: ActuatorHeads, n_in: int, window_length: int,
+    def __init__(self, encoder: nn.Module, heads: nn.Module, n_in: int, window_length: int,
                  config: dict[str, Any]) -> None:
         super().__init__()
         self.encoder = encoder
@@ -62,7 +72,8 @@ def build_model(arch: str, n_in: int, n_motors: int, window_length: int = 9,
                          f"n_in={n_in}, n_motors={n_motors}, window_length={window_length}")
     encoder_cls = ENCODERS[arch]
     encoder_sizes = _defaults(encoder_cls)
-    head_sizes = _defaults(ActuatorHeads)
+    heads_cls = HEADS.get(arch, ActuatorHeads)
+    head_sizes = _defaults(heads_cls)
     unknown = sorted(set(sizes) - set(encoder_sizes) - set(head_sizes))
     if unknown:
         raise ValueError(f"unknown size(s) {unknown} for arch {arch!r}; allowed: "
@@ -70,8 +81,11 @@ def build_model(arch: str, n_in: int, n_motors: int, window_length: int = 9,
     encoder_sizes.update({k: v for k, v in sizes.items() if k in encoder_sizes})
     head_sizes.update({k: v for k, v in sizes.items() if k in head_sizes})
 
-    encoder = encoder_cls(n_in=n_in, window_length=window_length, **encoder_sizes)
-    heads = ActuatorHeads(encoder.width, n_motors, **head_sizes)
+    # A per-joint encoder needs the motor count to split the tokens into joints.
+    per_joint = ({"n_motors": n_motors}
+                 if "n_motors" in inspect.signature(encoder_cls).parameters else {})
+    encoder = encoder_cls(n_in=n_in, window_length=window_length, **per_joint, **encoder_sizes)
+    heads = heads_cls(encoder.width, n_motors, **head_sizes)
     config = {"arch": arch, "window_length": window_length, **encoder_sizes, **head_sizes}
     return ActuatorNet(encoder, heads, n_in, window_length, config)
 

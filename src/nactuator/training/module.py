@@ -85,7 +85,7 @@ class NeuralActuatorModule(L.LightningModule):
 
     Args:
         platform: platform name (``conf/platform/<name>.yaml``) or a platform YAML path.
-        arch: ``transformer`` | ``mlp`` | ``gru`` | ``lstm``.
+        arch: ``transformer`` | ``mlp`` | ``gru`` | ``lstm`` | ``jointwise``.
         width: main width of the network (transformer ``d_model``, else ``hidden``).
         depth: number of layers / blocks.
         model_sizes: further size overrides for the architecture (e.g. ``n_heads``,
