@@ -197,6 +197,44 @@ def _record(a: argparse.Namespace) -> int:
     return 0
 
 
+def _base_commands(a: argparse.Namespace, platform, limits) -> tuple:
+    """The base sequence of ``collect``: a recorded episode's commands, or generated sweeps."""
+    from nactuator.errors import UserError
+    from nactuator.hardware.collector import sweep_commands
+
+    if a.base is None:
+        return (sweep_commands(platform, a.sweep_seconds, seed=a.seed, limits=limits),
+                f"sweep {a.sweep_seconds:g} s seed {a.seed}")
+    from nactuator.data import read_dataset
+
+    path, _, index = a.base.partition(":")
+    ds = read_dataset(path)
+    if ds.platform != platform.name:
+        raise UserError(f"--base {path}: a {ds.platform} dataset, not {platform.name}")
+    wanted = int(index) if index else ds.episodes[0].index if ds.episodes else 0
+    episode = next((ep for ep in ds.episodes if ep.index == wanted), None)
+    if episode is None:
+        raise UserError(f"--base {a.base}: no episode {wanted}; the dataset has episodes "
+                        f"{[ep.index for ep in ds.episodes]}")
+    return episode.frames["q_cmd"].astype(float), f"{path} episode {wanted}"
+
+
+def _collect(a: argparse.Namespace) -> int:
+    from nactuator.hardware.collector import SafetyLimits, collect
+    from nactuator.platforms import load_platform
+
+    platform = load_platform(a.platform)
+    limits = SafetyLimits.from_platform(
+        platform, limit_margin=a.limit_margin, max_velocity=a.max_velocity,
+        max_temperature=a.max_temperature, max_current=a.max_current)
+    base, source = _base_commands(a, platform, limits)
+    print(collect(platform, a.port, base, episodes=a.episodes, out=a.out, task=a.task,
+                  noise_sigma=a.noise_sigma, noise_probability=a.noise_probability,
+                  seed=a.seed, split=a.split, limits=limits, calibration=a.calibration,
+                  base_source=source))
+    return 0
+
+
 def _live(a: argparse.Namespace) -> int:
     _check_model_paths(a.ckpt)
     from nactuator.control.live import run_live
@@ -534,6 +572,35 @@ def build_parser() -> argparse.ArgumentParser:
                         "follower telemetry in fewer of its frames (default 0.9)")
     _add_viewer_flags(s, "leader and follower joints, commands and telemetry")
     s.set_defaults(func=_record)
+
+    s = sub.add_parser("collect", help="autonomous collection: replay a base command sequence "
+                       "open loop with action noise, stopping on any safety limit")
+    s.add_argument("--platform", required=True, help=PLATFORM_HELP)
+    s.add_argument("--port", required=True, help="serial port of the arm (or an emulator's pty)")
+    s.add_argument("--calibration", default=None, help="LeRobot calibration JSON of the arm")
+    s.add_argument("--out", required=True, help="dataset folder (appended to if it exists)")
+    s.add_argument("--base", default=None, metavar="DATASET[:EPISODE]",
+                   help="replay this recorded episode's commands (default: generated sweeps)")
+    s.add_argument("--sweep-seconds", type=_positive_float, default=20.0,
+                   help="length of the generated sweep base sequence (without --base)")
+    s.add_argument("--episodes", type=_positive_int, default=1, help="episodes to collect")
+    s.add_argument("--task", default="collect", help="task label of the collected episodes")
+    s.add_argument("--noise-sigma", type=float, default=0.01,
+                   help="std of the action noise on revolute channels [rad] (default 0.01)")
+    s.add_argument("--noise-probability", type=_fraction, default=0.5,
+                   help="probability that a frame's action is noised (default 0.5)")
+    s.add_argument("--seed", type=int, default=0, help="seeds the sweeps and the noise")
+    s.add_argument("--split", default="train", choices=["train", "validation", "test"])
+    s.add_argument("--limit-margin", type=_fraction, default=None,
+                   help="fraction of each joint's range kept clear at both ends "
+                        "(default: the platform's hardware.collect)")
+    s.add_argument("--max-velocity", type=_positive_float, default=None,
+                   help="|velocity| limit of revolute joints [rad/s]")
+    s.add_argument("--max-temperature", type=_positive_float, default=None,
+                   help="servo temperature limit [degC]")
+    s.add_argument("--max-current", type=_positive_float, default=None,
+                   help="|current| limit [A]")
+    s.set_defaults(func=_collect)
 
     s = sub.add_parser("live", help="live virtual force sensor on a servo bus",
                        epilog=LIVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 G = 9.81  # NAD payload labels use g = 9.81
 MIN_VALID_FRACTION = 0.9  # default share of frames with complete follower telemetry
 
-__all__ = ["EpisodeBuffer", "RecordingQualityError", "record"]
+__all__ = ["EpisodeBuffer", "RecordingQualityError", "record", "save_episode"]
 
 
 class RecordingQualityError(BusError):
@@ -123,6 +123,17 @@ def _ramp_to(follower: TelemetryBus, target: np.ndarray, seconds: float, fps: fl
         pace.wait()
     log.warning("follower did not reach the leader's pose within %.1f s (worst joint off by "
                 "%.3f); recording anyway", settle_s, off)
+
+
+def save_episode(writer: DatasetWriter, buf: EpisodeBuffer, task: str, split: str,
+                 episode_meta: dict, journal=None) -> int:
+    """Commit one episode (its journal deleted once it is in the dataset); a second Ctrl-C
+    waits until its files are written. Returns its ``episode_index``."""
+    with interrupts_deferred():
+        index = writer.add_episode(buf.frames(), task, split, episode_meta=episode_meta,
+                                   journal=journal)
+        writer.flush()
+    return index
 
 
 def _hottest(frame: TelemetryFrame) -> str:
@@ -285,10 +296,7 @@ def _record(p: Platform, leader: str, follower: str, task: str, episodes: int,
                     "absent_servos": foll_bus.absent_ids,
                     "bus_counters": delta,
                 }
-                with interrupts_deferred():  # a second Ctrl-C waits for the episode's files
-                    index = writer.add_episode(buf.frames(), task, split,
-                                               episode_meta=episode_meta, journal=journal)
-                    writer.flush()
+                index = save_episode(writer, buf, task, split, episode_meta, journal)
                 saved.append((ep, len(buf)))
                 if error is None and complete < min_valid_fraction:
                     poor = (f"episode {index} ({task!r}, {len(buf)} frames) has complete "
