@@ -590,7 +590,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--noise-probability", type=_fraction, default=0.5,
                    help="probability that a frame's action is noised (default 0.5)")
     s.add_argument("--seed", type=int, default=0, help="seeds the sweeps and the noise")
-    s.add_argument("--split", default="train", choices=["train", "validation", "test"])
+    s.add_argument("--split", default="train", choices=["train", "validation", "test"],
+                   help="split of the collected episodes (default: train)")
     s.add_argument("--limit-margin", type=_fraction, default=None,
                    help="fraction of each joint's range kept clear at both ends "
                         "(default: the platform's hardware.collect)")

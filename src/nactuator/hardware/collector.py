@@ -10,7 +10,10 @@ first command; there are no human resets.
 Safety comes before every write. Each cycle reads the telemetry, then checks it and the
 command about to be sent against :class:`SafetyLimits` (joint-limit margin on the measured
 position and on the command, velocity, temperature, current, servo hardware alerts, and a
-servo that has gone unread for too many cycles, whose limits cannot be checked). On a
+servo that has gone unread for too many cycles, whose limits cannot be checked). The ramp
+to an episode's first command is checked the same way, except the measured position: an
+arm at rest may sit outside the margin, and the ramp (a straight line to a command inside
+it) is what brings it in; from the episode's first frame on, the position counts too. On a
 violation the command is **not** written: torque goes off at once, the episode so far is
 saved, and :class:`SafetyStop` says which servo broke which limit, with the value.
 
@@ -127,7 +130,10 @@ class _Guard:
                     f"joint-limit margin [{self.lo[k]:.4f}, {self.hi[k]:.4f}]")
         return None
 
-    def state(self, f: TelemetryFrame) -> str | None:
+    def state(self, f: TelemetryFrame, positions: bool = True) -> str | None:
+        """``positions=False`` skips the measured joint-limit margin (and only it): before
+        an episode the arm may rest outside it (a folded SO-101 sits on its shoulder_lift
+        limit) and the checked ramp is what brings it inside."""
         for sid, err in f.errors.items():
             k = self.ids.index(sid) if sid in self.ids else 0
             return f"{self._where(k)} reported a hardware error: {err}"
@@ -142,7 +148,7 @@ class _Guard:
             warnings.simplefilter("ignore", RuntimeWarning)
             self.temperature = np.nanmedian(np.stack(self.temperatures), axis=0)
         checks = (
-            (f.q < self.lo) | (f.q > self.hi),
+            ((f.q < self.lo) | (f.q > self.hi)) & positions,
             np.abs(f.qd) > self.max_qd,
             self.temperature > self.limits.max_temperature,
             np.abs(f.current) > self.limits.max_current,
@@ -227,7 +233,7 @@ def _checked_ramp(bus: TelemetryBus, guard: _Guard, start: np.ndarray, target: n
     pace = FixedRate(fps).start()
     for k in range(1, steps + hold + 1):
         frame = bus.read()
-        why = guard.state(frame)
+        why = guard.state(frame, positions=False)
         if why is not None:
             return why
         if k > steps and np.nanmax(np.abs(frame.q - target), initial=0.0) < tolerance:
@@ -316,7 +322,7 @@ def _collect(p: Platform, port: str, base: np.ndarray, episodes: int, out: Path,
             commands, noisy = noisy_commands(p, base, sigma, probability,
                                              np.random.default_rng([seed, ep]))
             first = bus.wait_ready()
-            violation = guard.state(first) or guard.command(commands[0])
+            violation = guard.state(first, positions=False) or guard.command(commands[0])
             if violation is None:
                 if ep == 0:
                     bus.write_goal(first.q)  # hold where it is, then torque on
