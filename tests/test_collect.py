@@ -65,8 +65,10 @@ def test_collects_episodes_with_action_noise_and_no_human(so101, tmp_path):
     # A noised frame has noise on every (revolute) joint; allow one draw below 1e-6.
     assert ((per_frame == 0) | (per_frame >= 5)).all()
     rows = per_frame > 0
-    assert 0.35 < rows.mean() < 0.65  # probability 0.5
-    assert 0.0075 < d[noised].std() < 0.0125  # sigma 0.01 rad
+    # Probability 0.5 and sigma 0.01 rad; bounds > 3.5 sd wide even if a loaded machine
+    # costs half the frames (the frames seen are the slots not skipped).
+    assert len(rows) >= 60 and 0.27 < rows.mean() < 0.73
+    assert 0.007 < d[noised].std() < 0.013
     assert not np.array_equal(diffs[0][:20], diffs[1][:20])  # fresh noise per episode
 
 
@@ -113,13 +115,16 @@ def test_a_hardware_fault_or_a_measured_limit_stops_with_torque_off(so101, tmp_p
 
 
 def test_a_servo_gone_silent_stops_collection(so101, tmp_path):
-    # Short reply timeouts: the dead servo's reads fail fast instead of waiting 5 s each.
-    quick = with_hardware(so101, rx_timeout_ms=100.0, reply_timeout_ms=100.0)
+    # Short reply timeouts (as tests/test_recorder.py's dead servo): its reads fail in 0.3 s
+    # instead of 5 s each, and after 2 it counts as absent (then it is not asked at all).
+    quick = with_hardware(so101, rx_timeout_ms=300.0, reply_timeout_ms=300.0,
+                          dead_after_failures=2)
     with _arm(quick) as emu:
         emu.after_reads(60, lambda: emu.set_dead(4))  # after the ramp (<= 40 reads)
         with pytest.raises(SafetyStop, match=r"servo 4 \(wrist_flex\) was not read for 5 "
                                              "cycles"):
-            collect(quick, emu.port, sweep_commands(quick, 1.5), out=tmp_path / "ds",
+            # 4 s of base: its failed reads cost wall time, so slots, before it is absent.
+            collect(quick, emu.port, sweep_commands(quick, 4.0), out=tmp_path / "ds",
                     progress=False)
         assert [_torque(emu)[k] for k in (0, 1, 2, 4, 5)] == [0] * 5  # the rest: off
     [ep] = read_dataset(tmp_path / "ds").episodes
