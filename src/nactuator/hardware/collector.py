@@ -37,7 +37,9 @@ from typing import Any
 import numpy as np
 
 from nactuator.data.writer import DatasetWriter
-from nactuator.hardware.bus import BusError, TelemetryBus, TelemetryFrame, open_bus
+from nactuator.hardware.bus import TelemetryBus, TelemetryFrame
+from nactuator.hardware.open import open_bus
+from nactuator.hardware.port import BusError
 from nactuator.hardware.recorder import EpisodeBuffer, save_episode
 from nactuator.hardware.signals import sigterm_as_interrupt
 from nactuator.hardware.timing import FixedRate
