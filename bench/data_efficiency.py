@@ -8,8 +8,9 @@ selects its checkpoint on one more, and scores the last one (never seen) with
 architectures see the same folds, the same recipe and the same number of gradient steps;
 only ``model.arch`` (and its sizes) differ. Writes ``data_efficiency.{json,md,png}``.
 
-Run (see docs/results.md "Joint-wise data efficiency" for the exact command):
-  .venv/bin/python bench/data_efficiency.py --data runs/de/full --out runs/de --counts 1 2 4 8 --max-folds 2
+Run (docs/results.md, "Joint-wise neural dynamics", has the exact commands):
+  .venv/bin/python bench/data_efficiency.py --data runs/de/full --out runs/de \
+      --counts 1 2 4 8 --max-folds 2
 """
 
 from __future__ import annotations
