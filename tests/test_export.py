@@ -3,11 +3,11 @@ int8 ONNX file stays within the documented quantization tolerances."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
+import onnxruntime  # noqa: F401  a hard dependency: a broken install fails, not skips
 import pytest
 import torch
 from test_models import make_stats, make_window
@@ -81,7 +81,6 @@ def test_torchscript_matches_eager(tmp_path, arch, features):
 
 
 def test_onnx_matches_eager(tmp_path):
-    pytest.importorskip("onnxruntime")
     bundle = saved_bundle(tmp_path)
     out = export(bundle, tmp_path / "actuator.onnx", fmt="onnx")
     session = ort_session(out)
@@ -126,7 +125,6 @@ def run_onnx(path, window):
 
 @pytest.fixture(scope="module")
 def int8_export(tmp_path_factory):
-    pytest.importorskip("onnxruntime")
     folder = tmp_path_factory.mktemp("int8")
     bundle = saved_bundle(folder)
     float32 = export(bundle, folder / "float32.onnx", fmt="onnx")
@@ -181,7 +179,6 @@ def test_int8_onnx_is_quantized_and_within_tolerance_of_eager(int8_export):
 
 
 def test_int8_export_refuses_to_write_beyond_tolerance(tmp_path, monkeypatch):
-    pytest.importorskip("onnxruntime")
     bundle = saved_bundle(tmp_path)
     monkeypatch.setattr(quantize_module, "INT8_RELATIVE_TOLERANCE", 1e-6)
     with pytest.raises(ExportError, match=r"int8 ONNX export is too far from eager .*tau "
@@ -206,7 +203,6 @@ def test_bad_quantize_values_are_clear_errors(tmp_path, capsys):
 
 
 def test_cli_writes_an_int8_onnx(tmp_path, capsys):
-    pytest.importorskip("onnxruntime")
     bundle = saved_bundle(tmp_path)
     out = tmp_path / "int8.onnx"
     assert cli_main(["export", "--ckpt", str(bundle), "--out", str(out), "--format", "onnx",
@@ -231,12 +227,11 @@ def test_full_size_exports_match_eager(tmp_path, arch):
     assert tolerance <= 1e-4  # the floor is rounding, not a loose check
     got = module(*inputs)
     assert all((g - e).abs().max() <= tolerance for g, e in zip(got, expected, strict=True))
-    if importlib.util.find_spec("onnxruntime") is not None:
-        session = ort_session(export(bundle, tmp_path / "a.onnx", fmt="onnx"))
-        names = [i.name for i in session.get_inputs()]
-        got = session.run(None, {k: x.numpy() for k, x in zip(names, inputs, strict=True)})
-        assert all(abs(g - e.numpy()).max() <= tolerance
-                   for g, e in zip(got, expected, strict=True))
+    session = ort_session(export(bundle, tmp_path / "a.onnx", fmt="onnx"))
+    names = [i.name for i in session.get_inputs()]
+    got = session.run(None, {k: x.numpy() for k, x in zip(names, inputs, strict=True)})
+    assert all(abs(g - e.numpy()).max() <= tolerance
+               for g, e in zip(got, expected, strict=True))
 
 
 # ------------------------------------------------- running exports: infer, eval, loader
