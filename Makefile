@@ -28,12 +28,13 @@ test:
 	$(PY) -m pytest -q --durations=10
 
 # A bounded sample of the slow tests (`.ci/run` runs it after `make test`; ~3-4 min on 2
-# idle cores): DDP with 2 processes, the Newton closed-loop FD on the platforms the fast
-# suite leaves to the chain engine (OMX's runs there), the 20x Ctrl-C on the DYNAMIXEL bus,
+# idle cores): DDP with 2 processes, the Newton closed-loop FD on every platform (the fast
+# suite runs the chain engine's), the 20x Ctrl-C on the DYNAMIXEL bus,
 # full-size export parity of the paper's transformer. Named by id, so a renamed or removed
 # test fails here instead of silently dropping out.
 SLOW_SAMPLE := \
 	tests/test_training_cli.py::test_ddp_two_cpu_processes \
+	'tests/test_sim_grad.py::test_closed_loop_gradient_wrt_network_weights_matches_finite_differences[newton-omx]' \
 	'tests/test_sim_grad.py::test_closed_loop_gradient_wrt_network_weights_matches_finite_differences[newton-so101]' \
 	'tests/test_sim_grad.py::test_closed_loop_gradient_wrt_network_weights_matches_finite_differences[newton-franka]' \
 	'tests/test_sim_grad.py::test_closed_loop_gradient_wrt_network_weights_matches_finite_differences[newton-pendulum]' \
