@@ -45,7 +45,7 @@ def offline_estimates(ckpt: str, frames: list, q_cmd: np.ndarray) -> dict[str, n
     filters) estimates for the telemetry frames a live loop read: the reference the live
     rows are compared with."""
     from nactuator.data import Episode
-    from nactuator.eval.episodes import filter_episode
+    from nactuator.data.episodes import filter_episode
     from nactuator.eval.infer import predict_episodes
     from nactuator.models import load_actuator
 
