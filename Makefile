@@ -27,8 +27,8 @@ setup:
 test:
 	$(PY) -m pytest -q --durations=10
 
-# A bounded sample of the slow tests (`.ci/run` runs it after `make test`; ~3-4 min on 2
-# idle cores): DDP with 2 processes, the Newton closed-loop FD on every platform (the fast
+# A bounded sample of the slow tests (`.ci/run` runs it after `make test`; 339 s measured
+# with the 2 cores at a load average of 6, DDP the longest at 104 s): DDP with 2 processes, the Newton closed-loop FD on every platform (the fast
 # suite runs the chain engine's), the 20x Ctrl-C on the DYNAMIXEL bus,
 # full-size export parity of the paper's transformer. Named by id, so a renamed or removed
 # test fails here instead of silently dropping out.
