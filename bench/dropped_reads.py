@@ -40,12 +40,12 @@ def scores(actuator, episodes, spec) -> str:
     return f"{err.mean():.4f} N, {100 * np.mean(gate > 0.5):.1f} %"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True)
     ap.add_argument("--split", default="validation")
     ap.add_argument("ckpts", nargs="+")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     source = read_dataset(args.data)
     platform = load_platform(source.platform)
     with tempfile.TemporaryDirectory() as tmp:

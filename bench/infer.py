@@ -149,6 +149,8 @@ PATHS: dict[str, Callable[[ExportableActuator], Runner]] = {
     "onnxruntime int8 dynamic (1 thread)": onnx_int8_runner,
     "torchscript int8 (torch.ao dynamic, frozen)": torchscript_int8_runner,
 }
+KEYS = dict(zip(("eager", "torchscript", "compile", "onnx", "onnx-int8", "torchscript-int8"),
+                PATHS, strict=True))  # --paths names
 INT8_PATHS = {"onnxruntime int8 dynamic (1 thread)", "torchscript int8 (torch.ao dynamic, frozen)"}
 
 
@@ -223,7 +225,7 @@ def bench_models(paths: list[str], data: str, rounds: int) -> None:
               f"{frames / statistics.median(cpu[path]):,.0f} |")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="transformer",
                         choices=["transformer", "mlp", "gru", "lstm"])
@@ -237,7 +239,10 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=None, metavar="FILE",
                         help="time infer's path for these model files (needs --data)")
     parser.add_argument("--data", default=None, help="dataset for --models")
-    args = parser.parse_args()
+    parser.add_argument("--paths", nargs="+", choices=list(KEYS), default=list(KEYS),
+                        help="the paths to time (default: all; eager is always timed)")
+    parser.add_argument("--warmup-calls", type=int, default=50, help="batch-1 warm-up calls")
+    args = parser.parse_args(argv)
     if args.models:
         if args.data is None:
             parser.error("--models needs --data")
@@ -255,7 +260,10 @@ def main() -> None:
     notes: dict[str, str] = {}
     accuracy: dict[str, dict[str, float]] = {}
     probe = make_inputs(graph, 3)
+    chosen = {KEYS[k] for k in ("eager", *args.paths)}
     for name, build in PATHS.items():
+        if name not in chosen:
+            continue
         try:
             run = build(graph)
             error = check_outputs(run, eager, probe)
@@ -284,7 +292,7 @@ def main() -> None:
     single = make_inputs(graph, 1)
     batched = {b: make_inputs(graph, b) for b in args.batches}
     for name, run in timed.items():  # warm-up (compilation, allocator, caches)
-        time_calls(run, single, 50)
+        time_calls(run, single, args.warmup_calls)
         for b in args.batches if name in runners else ():
             time_calls(run, batched[b], 3)
     for _ in range(args.rounds):

@@ -184,7 +184,7 @@ def bench(platform: str, timing: bool, seconds: float, actuator,
     return s
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rrd", action="store_true",
@@ -195,7 +195,7 @@ def main() -> None:
                     help="pace the loop at this rate (default: the platform's)")
     ap.add_argument("--timing", choices=["off", "on", "both"], default="both",
                     help="emulated bus timing at 1 Mbps")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     use_project_warp_cache()
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -208,14 +208,15 @@ def training_share(args) -> None:
             torch.manual_seed(0)
             module = NeuralActuatorModule(
                 platform="so101", width=64, depth=2,
-                model_sizes={"head_hidden": 32, "dropout": 0.0},
-                horizon_schedule={0: horizon}, val_horizon=horizon, loss=LossWeights(**loss),
+                model_sizes={"head_hidden": 32, "dropout": 0.0}, loss=LossWeights(**loss),
                 lr=3e-3, warmup_steps=10, init_noise_q=0.002, init_noise_qd=0.02)
             # The YAML mechanism (sim.engine) on the module's own platform.
             module.platform = dataclasses.replace(
                 module.platform, sim=dict(module.platform.sim, engine=engine))
             module._bench_clock = _SimClock(module.simulator)
-            data = NADDataModule(Path(tmp) / "so101", "so101", history=8, horizon=horizon,
+            # The horizon lives in the DataModule (its curriculum); the module rolls out
+            # whatever segment length it is served.
+            data = NADDataModule(Path(tmp) / "so101", "so101", horizon=horizon,
                                  batch_size=batch, samples_per_epoch=batch * (steps + 1))
             clock = StepClock()
             trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps + 1,
@@ -262,7 +263,7 @@ def start_up(args) -> None:
         print(f"| {engine}, warm: cached kernels ({name}) | {warm:.1f} |")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--platforms", nargs="+", default=["so101", "omx", "franka", "pendulum"])
     parser.add_argument("--batch", nargs="+", type=int, default=[4, 16, 64, 128])
@@ -273,7 +274,7 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=3)
     parser.add_argument("--no-train", action="store_true", help="skip the training-step share")
     parser.add_argument("--no-start", action="store_true", help="skip cold/warm start timing")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs (1 torch thread), "

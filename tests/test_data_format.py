@@ -7,6 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import datasets  # installed by `make setup` (LeRobot's loader): imported, never skipped
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -106,7 +107,6 @@ def test_layout_is_lerobot_v3(tmp_path):
 
 
 def test_huggingface_datasets_reads_the_data_files(tmp_path):
-    datasets = pytest.importorskip("datasets")
     root = tmp_path / "ds"
     frames = make_frames(8, 5, 0)
     with DatasetWriter(root, OMX, OMX.fps) as w:

@@ -3,11 +3,11 @@ int8 ONNX file stays within the documented quantization tolerances."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
+import onnxruntime  # noqa: F401  a hard dependency: a broken install fails, not skips
 import pytest
 import torch
 from test_models import make_stats, make_window
@@ -80,10 +80,8 @@ def test_torchscript_matches_eager(tmp_path, arch, features):
             assert g.shape == e.shape and (g - e).abs().max() <= 1e-5
 
 
-def test_onnx_matches_eager(tmp_path):
-    pytest.importorskip("onnxruntime")
-    bundle = saved_bundle(tmp_path)
-    out = export(bundle, tmp_path / "actuator.onnx", fmt="onnx")
+def test_onnx_matches_eager(int8_export):
+    bundle, out, _, _ = int8_export  # the fp32 file: an ONNX export takes ~5 s, made once
     session = ort_session(out)
     names = [i.name for i in session.get_inputs()]
     assert names == ["q_cmd", "q", "qd", "effort", "voltage", "temperature", "pad"]
@@ -126,12 +124,22 @@ def run_onnx(path, window):
 
 @pytest.fixture(scope="module")
 def int8_export(tmp_path_factory):
-    pytest.importorskip("onnxruntime")
+    """One bundle, its fp32 ONNX export (``export``) and its int8 one (``nactuator export
+    --quantize int8``, and what that command printed): ONNX exports cost seconds each, so
+    the tests of both share them."""
+    import contextlib
+    import io
+
     folder = tmp_path_factory.mktemp("int8")
     bundle = saved_bundle(folder)
     float32 = export(bundle, folder / "float32.onnx", fmt="onnx")
-    int8 = export(bundle, folder / "deploy" / "int8.onnx", fmt="onnx", quantize="int8")
-    return bundle, float32, Path(int8)
+    int8 = folder / "deploy" / "int8.onnx"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = cli_main(["export", "--ckpt", str(bundle), "--out", str(int8), "--format",
+                         "onnx", "--quantize", "int8"])
+    assert code == 0
+    return bundle, float32, int8, printed.getvalue()
 
 
 def test_int8_errors_are_relative_for_tau_force_and_absolute_for_probabilities():
@@ -153,7 +161,7 @@ def test_int8_errors_are_relative_for_tau_force_and_absolute_for_probabilities()
 def test_int8_onnx_is_quantized_and_within_tolerance_of_eager(int8_export):
     import onnx
 
-    bundle, float32, int8 = int8_export
+    bundle, float32, int8, _ = int8_export
     assert [p.name for p in int8.parent.iterdir()] == ["int8.onnx"]  # no scratch files
     model = onnx.load(int8)
     ops = {node.op_type for node in model.graph.node}
@@ -181,7 +189,6 @@ def test_int8_onnx_is_quantized_and_within_tolerance_of_eager(int8_export):
 
 
 def test_int8_export_refuses_to_write_beyond_tolerance(tmp_path, monkeypatch):
-    pytest.importorskip("onnxruntime")
     bundle = saved_bundle(tmp_path)
     monkeypatch.setattr(quantize_module, "INT8_RELATIVE_TOLERANCE", 1e-6)
     with pytest.raises(ExportError, match=r"int8 ONNX export is too far from eager .*tau "
@@ -205,13 +212,9 @@ def test_bad_quantize_values_are_clear_errors(tmp_path, capsys):
     assert "invalid choice: 'fp16'" in capsys.readouterr().err
 
 
-def test_cli_writes_an_int8_onnx(tmp_path, capsys):
-    pytest.importorskip("onnxruntime")
-    bundle = saved_bundle(tmp_path)
-    out = tmp_path / "int8.onnx"
-    assert cli_main(["export", "--ckpt", str(bundle), "--out", str(out), "--format", "onnx",
-                     "--quantize", "int8"]) == 0
-    assert capsys.readouterr().out.strip() == str(out)
+def test_cli_writes_an_int8_onnx(int8_export):
+    bundle, _, out, printed = int8_export  # written by `nactuator export --quantize int8`
+    assert printed.strip() == str(out)
     window = stats_window(8, 21)
     errors = int8_errors(run_onnx(out, window), eager(bundle, window))
     assert all(errors[k] <= int8_tolerances()[k] for k in EXPORT_OUTPUTS), errors
@@ -231,12 +234,11 @@ def test_full_size_exports_match_eager(tmp_path, arch):
     assert tolerance <= 1e-4  # the floor is rounding, not a loose check
     got = module(*inputs)
     assert all((g - e).abs().max() <= tolerance for g, e in zip(got, expected, strict=True))
-    if importlib.util.find_spec("onnxruntime") is not None:
-        session = ort_session(export(bundle, tmp_path / "a.onnx", fmt="onnx"))
-        names = [i.name for i in session.get_inputs()]
-        got = session.run(None, {k: x.numpy() for k, x in zip(names, inputs, strict=True)})
-        assert all(abs(g - e.numpy()).max() <= tolerance
-                   for g, e in zip(got, expected, strict=True))
+    session = ort_session(export(bundle, tmp_path / "a.onnx", fmt="onnx"))
+    names = [i.name for i in session.get_inputs()]
+    got = session.run(None, {k: x.numpy() for k, x in zip(names, inputs, strict=True)})
+    assert all(abs(g - e.numpy()).max() <= tolerance
+               for g, e in zip(got, expected, strict=True))
 
 
 # ------------------------------------------------- running exports: infer, eval, loader
@@ -370,15 +372,24 @@ def test_eval_rolls_an_export_out_like_its_checkpoint(deployed):
             rel=1e-4)
 
 
-def test_exports_follow_the_extension_and_refuse_a_mismatch(tmp_path):
-    bundle = saved_bundle(tmp_path, "mlp")
+@pytest.fixture(scope="module")
+def mlp_onnx(tmp_path_factory) -> tuple[Path, Path]:
+    """A small MLP bundle and its ONNX export, the format chosen by the .onnx extension
+    (no ``fmt``): made once for the tests that need an ONNX file of it."""
+    folder = tmp_path_factory.mktemp("mlp_onnx")
+    bundle = saved_bundle(folder, "mlp")
+    return bundle, Path(export(bundle, folder / "b.onnx"))
+
+
+def test_exports_follow_the_extension_and_refuse_a_mismatch(tmp_path, mlp_onnx):
+    bundle, onnx_file = mlp_onnx
     import onnx
 
     from nactuator.model_files import ModelFileError
 
     _, meta = load_torchscript(export(bundle, tmp_path / "a.ts"))  # no --format: TorchScript
     assert meta["format"] == "nactuator-export/2"
-    graph = onnx.load(export(bundle, tmp_path / "b.onnx")).graph  # no --format: ONNX
+    graph = onnx.load(onnx_file).graph  # no --format: ONNX
     assert [i.name for i in graph.input] == [*meta["inputs"], "pad"]
     with pytest.raises(ModelFileError, match=r"x.onnx: the extension .onnx means onnx, but "
                                           r"--format torchscript was asked; name the file "
@@ -458,14 +469,13 @@ def test_commands_that_need_a_checkpoint_say_so_for_an_export(deployed):
         export(deployed["files"]["torchscript"], deployed["root"] / "again.onnx")
 
 
-def test_a_file_of_an_older_export_format_is_refused_with_what_to_do(tmp_path):
+def test_a_file_of_an_older_export_format_is_refused_with_what_to_do(tmp_path, mlp_onnx):
     import onnx
 
     from nactuator.models import BundleError, load_model
 
-    bundle = saved_bundle(tmp_path, "mlp")
-    path = Path(export(bundle, tmp_path / "a.onnx"))
-    model = onnx.load(path)
+    path = tmp_path / "a.onnx"
+    model = onnx.load(mlp_onnx[1])
     meta = json.loads({p.key: p.value for p in model.metadata_props}["nactuator"])
     onnx.helper.set_model_props(model, {"nactuator": json.dumps(
         {**meta, "format": "nactuator-export/1"})})

@@ -40,7 +40,58 @@ def test_a_motor_not_read_this_cycle_keeps_its_last_reading() -> None:
                                   [[0.0, 2.0], [3.0, 2.0], [3.0, 7.0]])
 
 
-def test_live_streams_forces_from_an_emulated_arm(tmp_path) -> None:
+def offline_estimates(ckpt: str, frames: list, q_cmd: np.ndarray) -> dict[str, np.ndarray]:
+    """What `infer` (the batch path: whole-episode causal windows, the checkpoint's input
+    filters) estimates for the telemetry frames a live loop read: the reference the live
+    rows are compared with."""
+    from nactuator.data import Episode
+    from nactuator.data.episodes import filter_episode
+    from nactuator.eval.infer import predict_episodes
+    from nactuator.models import load_actuator
+
+    actuator, meta = load_actuator(ckpt)
+    values = {k: np.stack([getattr(f, k) for f in frames]).astype(np.float32)
+              for k in ("q", "qd", "effort", "voltage", "temperature")}
+    values["q_cmd"] = np.tile(q_cmd, (len(frames), 1)).astype(np.float32)
+    values["telemetry_valid"] = np.stack([f.valid for f in frames]).astype(np.float32)
+    recording = Episode(index=0, task="live", split="test", length=len(frames),
+                        payload_mass=float("nan"), meta={}, frames=values)
+    (offline,) = predict_episodes(actuator, [filter_episode(recording, meta["input_filters"])])
+    return offline
+
+
+@pytest.fixture
+def taps(monkeypatch) -> list:
+    """Every bus `run_live` opens, wrapped in a :class:`Tap` (appended here): what the loop
+    read off the bus, kept to recompute its outputs offline."""
+    import contextlib
+
+    import nactuator.control.live as live_module
+
+    opened: list[Tap] = []
+    real_open_bus = live_module.open_bus
+
+    @contextlib.contextmanager
+    def tapped_open_bus(*args, **kwargs):
+        with real_open_bus(*args, **kwargs) as bus:
+            opened.append(Tap(bus))
+            yield opened[-1]
+
+    monkeypatch.setattr(live_module, "open_bus", tapped_open_bus)
+    return opened
+
+
+def assert_rows_match(rows: list[dict], offline: dict, names, atol: float) -> None:
+    """The live CSV rows (6 significant digits) against the offline estimates."""
+    values = {"force": [[float(r[k]) for k in ("fx", "fy", "fz")] for r in rows],
+              "gate": [float(r["gate"]) for r in rows],
+              "condition": [[float(r[f"condition_{c}"]) for c in names] for r in rows]}
+    for key, got in values.items():
+        np.testing.assert_allclose(np.array(got), offline[key], rtol=1e-5, atol=atol,
+                                   err_msg=key)
+
+
+def test_live_streams_forces_from_an_emulated_arm(tmp_path, taps) -> None:
     ckpt = untrained_bundle(tmp_path / "omx_untrained.pt", "omx", 5)
     out = tmp_path / "live.csv"
     # Patient replies: an emulator in this process can take a few hundred ms to answer on
@@ -58,13 +109,13 @@ def test_live_streams_forces_from_an_emulated_arm(tmp_path) -> None:
     assert len(rows) == round(1.0 * omx.fps)
     assert {"fx", "fy", "fz", "gate", "condition_joint3", "read_ms", "infer_ms",
             "write_ms", "total_ms"} <= set(rows[0])
-    force = np.array([[float(r[k]) for k in ("fx", "fy", "fz")] for r in rows])
-    assert np.isfinite(force).all()
-    gate = np.array([float(r["gate"]) for r in rows])
-    assert ((gate >= 0) & (gate <= 1)).all()
-    cond = np.array([[float(r[f"condition_{c}"]) for c in load_platform("omx").channel_names]
-                     for r in rows])
-    assert ((cond >= 0) & (cond <= 1)).all()
+    # Each row is what `infer` estimates for the frames read so far (the CSV keeps 6
+    # significant digits); the held command is the goal the loop wrote every cycle.
+    [tap] = taps
+    assert len(tap.frames) == len(rows) and len(set(map(tuple, tap.goals))) == 1
+    offline = offline_estimates(ckpt, tap.frames, tap.goals[0])
+    assert_rows_match(rows, offline, load_platform("omx").channel_names, atol=1e-6)
+    assert np.ptp(offline["force"][8:], axis=0).max() > 0  # the telemetry moved the output
     assert all(float(r["read_ms"]) > 0 and float(r["infer_ms"]) > 0 for r in rows)
     assert [int(r["warm"]) for r in rows[:8]] == [0] * 8 and int(rows[8]["warm"]) == 1
     assert all(int(r["valid"]) for r in rows)
@@ -160,7 +211,7 @@ def test_live_cli_takes_a_calibration_and_shows_its_status(tmp_path, capsys) -> 
     assert code == 2 and len(err) == 1 and "calibration file" in err[0]
 
 
-def test_live_streams_an_exported_model_like_its_checkpoint(tmp_path) -> None:
+def test_live_streams_an_exported_model_like_its_checkpoint(tmp_path, taps) -> None:
     """The live path (StreamingWindow, zero-padded warm-up included) with an ONNX export of
     a checkpoint: each cycle's outputs are the checkpoint's on the same window; its
     TorchScript export streams through `nactuator live`."""
@@ -201,14 +252,17 @@ def test_live_streams_an_exported_model_like_its_checkpoint(tmp_path) -> None:
                      "--seconds", "0.3", "--quiet", "--out", str(tmp_path / "ts.csv")])
     rows = list(csv.DictReader((tmp_path / "ts.csv").open()))
     assert code == 0 and len(rows) == round(0.3 * omx.fps)
-    assert all(np.isfinite(float(r["fz"])) and 0 <= float(r["gate"]) <= 1 for r in rows)
+    # the TorchScript file through `nactuator live` gives the checkpoint's `infer` estimates
+    [tap] = taps
+    offline = offline_estimates(ckpt, tap.frames, tap.goals[0])
+    assert_rows_match(rows, offline, omx.channel_names, atol=1e-5)
 
 
 class Tap:
     """The real bus, passed through; keeps every frame the live loop read."""
 
     def __init__(self, bus) -> None:
-        self.bus, self.frames = bus, []
+        self.bus, self.frames, self.goals = bus, [], []
 
     def read(self):
         frame = self.bus.read()
@@ -216,7 +270,11 @@ class Tap:
         return frame
 
     def write_goal(self, q) -> None:
+        self.goals.append(np.array(q, dtype=float))
         self.bus.write_goal(q)
+
+    def __getattr__(self, name: str):  # everything else: the real bus
+        return getattr(self.bus, name)
 
 
 def test_the_live_loop_gives_what_infer_gives_on_the_telemetry_it_read(tmp_path) -> None:

@@ -212,6 +212,44 @@ def test_ctrl_c_saves_the_current_episode_and_keeps_earlier_ones(omx, tmp_path) 
     assert 19 <= ds.episodes[1].length <= 20  # frame 19 is kept if it was complete
 
 
+def test_a_second_ctrl_c_while_saving_waits_for_the_episode(omx, tmp_path, monkeypatch) -> None:
+    """The impatient user: Ctrl-C ends the episode, and a second, real SIGINT arrives while
+    its files are being written. The save completes (the episode opens whole, its journal
+    gone), torque goes off, and only then does the second Ctrl-C surface, as a
+    KeyboardInterrupt out of ``record``."""
+    import signal
+
+    from nactuator.data import DatasetWriter
+
+    add_episode = DatasetWriter.add_episode
+    during_save: list[int] = []
+
+    def impatient(self, *args, **kwargs):
+        signal.raise_signal(signal.SIGINT)  # the second Ctrl-C, mid-save
+        during_save.append(len(list((self.root / ".nactuator" / "journal").iterdir())))
+        return add_episode(self, *args, **kwargs)
+
+    monkeypatch.setattr(DatasetWriter, "add_episode", impatient)
+    out = tmp_path / "c"
+    leader, follower = _arms(omx, "dynamixel")
+    with leader, follower:
+        leader.after_reads(21, _thread.interrupt_main)  # the first Ctrl-C, at frame 20
+        with pytest.raises(KeyboardInterrupt):
+            record(omx, leader.port, follower.port, "twice", seconds=LONG_S, out=out,
+                   progress=False)
+        assert _torque(follower) == [0] * 5
+    assert during_save == [1]  # the signal landed while the journal still held the episode
+    ds = read_dataset(out)
+    [episode] = ds.episodes
+    assert episode.task == "twice" and episode.meta["interrupted"] is True
+    assert 19 <= episode.length <= 20
+    assert not any((out / ".nactuator" / "journal").iterdir())
+    monkeypatch.undo()
+    with DatasetWriter(out, omx, omx.fps) as w:  # the writer was released: appendable
+        w.add_episode(ds.episodes[0].frames, "again", "train")
+    assert len(read_dataset(out).episodes) == 2
+
+
 def test_follower_lost_mid_episode_saves_partial_raises_and_names_the_servos(
         omx, tmp_path, caplog) -> None:
     out = tmp_path / "crash"

@@ -10,9 +10,12 @@ from conftest import SIM_PLATFORMS as PLATFORMS
 
 from nactuator.platforms import load_platform
 from nactuator.sim.check import (
+    CLOSED_LOOP_DIRECTIONS,
     FD_GATE,
     FD_STEPS,
     closed_loop_fd,
+    closed_loop_net,
+    closed_loop_passes,
     directional_fd,
     limit_fd,
     stock_solver_error,
@@ -39,18 +42,49 @@ def test_rollout_gradient_matches_finite_differences(engine_sims, engine, name):
     assert res["cosine"] > 0.999, res
 
 
-# Newton's closed loop costs ~10 s per platform on one core: one platform in the fast suite.
-_CLOSED_LOOP = [("chain", name) for name in PLATFORMS] + [("newton", "omx")] + [
-    pytest.param("newton", name, marks=pytest.mark.slow) for name in PLATFORMS if name != "omx"
-]
+# Newton's closed loop costs ~3-10 s per platform on one core: `make test-slow-sample`
+# (CI, after `make test`) runs it on every platform; the fast suite runs the chain engine's.
+_CLOSED_LOOP = [("chain", name) for name in PLATFORMS] + [
+    pytest.param("newton", name, marks=pytest.mark.slow) for name in PLATFORMS]
 
 
 @pytest.mark.parametrize(("engine", "name"), _CLOSED_LOOP)
 def test_closed_loop_gradient_wrt_network_weights_matches_finite_differences(engine_sims,
                                                                              engine, name):
-    # An MLP maps the simulated state to the effort at each of 64 steps.
+    # An MLP maps the simulated state to the effort at each of 64 steps: FD along the
+    # gradient and along 3 random directions in weight space.
     res = closed_loop_fd(engine_sims[engine][name], batch=2, steps=FD_STEPS, seed=0)
+    assert len(res["ratio_random"]) == CLOSED_LOOP_DIRECTIONS >= 3
     assert LO <= res["ratio_weights"] <= HI, res
+    assert res["random_rel_error"] <= 1e-2, res  # measured <= 5e-4
+    assert closed_loop_passes(res)
+
+
+def _orthogonal_error(fraction: float, seed: int):
+    """A gradient hook adding an error of ``fraction`` x the true gradient's norm,
+    orthogonal to it (per parameter tensor, hence overall): the kind of bug the check
+    along the gradient's own direction alone cannot see (ratio 1 + fraction**2)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def hook(g: torch.Tensor) -> torch.Tensor:
+        r = torch.randn(g.shape, generator=gen, dtype=g.dtype)
+        r = r - (r * g).sum() / (g * g).sum() * g
+        return g + fraction * g.norm() * r / r.norm()
+
+    return hook
+
+
+def test_closed_loop_check_catches_an_error_orthogonal_to_the_gradient(sims):
+    sim = sims["omx"]
+    net = closed_loop_net(sim.platform, seed=0)
+    for p in net.parameters():
+        p.register_hook(_orthogonal_error(0.09, seed=5))
+    res = closed_loop_fd(sim, batch=2, steps=FD_STEPS, seed=0, net=net)
+    # Along the (wrong) gradient the error hides: 1 + 0.09**2 = 1.008, inside the gate ...
+    assert LO <= res["ratio_weights"] <= HI and res["ratio_weights"] > 1.005, res
+    # ... along random directions it shows at its full size, and the check fails.
+    assert res["random_rel_error"] > 0.02, res
+    assert not closed_loop_passes(res), res
 
 
 @pytest.mark.parametrize(("name", "engine"), _BOTH_ENGINES)
