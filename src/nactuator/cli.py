@@ -245,6 +245,17 @@ def _live(a: argparse.Namespace) -> int:
     return 0
 
 
+def _track(a: argparse.Namespace) -> int:
+    _check_model_paths(a.ckpt)
+    from nactuator.control.track_run import track
+
+    print(track(a.path, ckpt=a.ckpt, platform=a.platform, methods=tuple(a.method),
+                payloads_g=tuple(a.payload_g), port=a.port, relative=a.relative, out=a.out,
+                config=a.config, world=a.world, seed=a.seed, track_noise=a.track_noise,
+                calibration=a.calibration))
+    return 0
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -653,6 +664,36 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per episode (default: the task's)")
     s.add_argument("--episodes", type=int, default=1, help="episodes to run, one after another")
     s.set_defaults(func=_policy_run)
+
+    s = sub.add_parser("track", help="move the end-effector along a 3-D path by damped least "
+                       "squares on dx/du (kinematic or actuator-aware), in the hidden world "
+                       "or on a servo bus")
+    s.add_argument("--path", required=True,
+                   help="CSV with columns time, x, y, z (s; m, base frame)")
+    s.add_argument("--ckpt", default=None, help="a counterfactual checkpoint (needed by "
+                   "--method actuator; " + CKPT_HELP + ")")
+    s.add_argument("--platform", default=None, help=PLATFORM_HELP + " (default: the "
+                   "checkpoint's)")
+    s.add_argument("--method", nargs="+", default=["kinematic"],
+                   choices=["kinematic", "actuator"],
+                   help="Jacobian(s): rigid FK, or the actuator model + simulator")
+    s.add_argument("--payload-g", nargs="+", type=float, default=[0.0],
+                   help="world only: payload(s) hung at the end-effector, not told to the "
+                        "controller [g]")
+    s.add_argument("--port", default=None,
+                   help="drive this servo bus (or an emulator's pty) instead of the world")
+    s.add_argument("--calibration", default=None, help="LeRobot calibration JSON (--port)")
+    s.add_argument("--relative", action="store_true",
+                   help="the path is offsets from where the end-effector is at the start")
+    s.add_argument("--config", default=None,
+                   help="start pose and controller settings (default conf/track/<platform>)")
+    s.add_argument("--world", default=None, help="world YAML (default conf/world/<platform>)")
+    s.add_argument("--seed", type=int, default=0, help="the hidden world's seed")
+    s.add_argument("--track-noise", type=float, default=0.0,
+                   help="world only: std of noise on the observed point track [m]")
+    s.add_argument("--out", default=None,
+                   help="folder for track.json, track.md, track.png and per-run CSV logs")
+    s.set_defaults(func=_track)
     return p
 
 

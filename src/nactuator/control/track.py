@@ -1,0 +1,383 @@
+"""Closed-loop point tracking by damped least squares on dx/du (`nactuator track`).
+
+Every tick (``period`` control steps; 4 on the SO-101 = 15.6 Hz) the controller reads the
+arm, forms a Jacobian of the tracked point(s) with respect to the joint commands, and moves
+the command by the damped-least-squares step of the Neural Jacobian Fields controller::
+
+    du = gain * (JᵀJ + λ² I)⁻¹ Jᵀ e          e = x*(t + h) − x̂(t + h)
+
+then applies the safety rules in this order: a dead-zone (``‖e‖ < dead_zone``: no step), a
+step clip (``max|du| ≤ step_clip`` rad per tick, scaled as a whole so the direction is
+kept), a lead limit (the command never runs more than ``max_lead`` rad ahead of the
+measured joint: no wind-up against a payload or a stall), the joint limits less a margin,
+and a velocity trip (a measured joint speed above ``trip_speed`` stops the run).
+
+Two Jacobians (:mod:`nactuator.control.jacobian`):
+
+* ``kinematic``: ``J = dx/dq`` of rigid FK at the measured q, ``x̂`` = the observed point.
+* ``actuator``: the counterfactual actuator model + simulator rolled ``horizon`` steps from
+  the current state and the model's window of history with the command held: ``J = dx/du``
+  there and ``x̂`` = the observed point plus the *predicted* displacement (lag and
+  momentum included; the model's absolute bias cancels).
+
+The stop rule: after the path's last point, the run ends ``settled`` once the error stayed
+under ``settle_tol`` for ``settle_ticks`` ticks, else ``timeout`` after ``extra_s``.
+
+Plants (what the loop reads and commands): :class:`WorldPlant` — the hidden ground-truth
+world (:mod:`nactuator.world`) with an optional payload the controller is not told about,
+its observation the world's own point track; and :class:`BusPlant` — a servo bus
+(:func:`nactuator.hardware.bus.open_bus`, real or emulated), its observation the rigid FK of
+the measured joints; closing it switches torque off whatever ends the loop.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from nactuator.errors import UserError
+from nactuator.platforms import Platform
+
+from .jacobian import ActuatorJacobian, Points, kinematic_jacobian
+
+__all__ = ["METHODS", "BusPlant", "PathError", "TrackResult", "TrackSettings", "Tracker",
+           "WorldPlant", "dls_step", "read_path", "run_tracking", "write_path"]
+
+METHODS = ("kinematic", "actuator")
+GRAVITY = 9.81
+
+
+class PathError(UserError, ValueError):
+    """A target path file cannot be used; the message names the file and the field."""
+
+
+@dataclass
+class TrackSettings:
+    """The controller's knobs (conf/track/<platform>.yaml; docs in the module docstring)."""
+
+    gain: float = 0.6
+    damping: float = 0.02           # λ [m/rad]: keeps steps finite near singular poses
+    dead_zone: float = 0.0005       # m
+    step_clip: float = 0.12         # rad per tick, max over joints
+    max_lead: float = 0.35          # rad: |u − q_measured| per joint
+    joint_margin: float = 0.05      # rad inside the platform limits
+    trip_speed: float = 6.0         # rad/s measured: stop
+    period: int = 4                 # control steps per tick
+    horizon: int = 4                # actuator-aware prediction, control steps
+    settle_tol: float = 0.003       # m
+    settle_ticks: int = 5
+    extra_s: float = 2.0            # s after the path's end before "timeout"
+    joints: list[int] = field(default_factory=list)  # controlled joints ([] = all non-gripper)
+
+
+def read_path(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """A target path CSV -> times (T,) [s] and points (T, 3) [m, base frame].
+
+    Columns ``time``, ``x``, ``y``, ``z``; times start anywhere and strictly increase."""
+    path = Path(path)
+    if not path.is_file():
+        raise PathError(f"path file {path} does not exist")
+    try:
+        table = pd.read_csv(path)
+    except (ValueError, pd.errors.ParserError) as err:
+        raise PathError(f"{path}: not a CSV file ({err})") from err
+    missing = [c for c in ("time", "x", "y", "z") if c not in table.columns]
+    if missing:
+        raise PathError(f"{path}: missing column(s) {missing}; expected time, x, y, z "
+                        "(s, m in the base frame)")
+    if len(table) < 2:
+        raise PathError(f"{path}: {len(table)} row(s); a path needs at least 2")
+    t = table["time"].to_numpy(np.float64)
+    x = table[["x", "y", "z"]].to_numpy(np.float64)
+    bad = np.argwhere(~np.isfinite(np.column_stack([t, x])))
+    if len(bad):
+        raise PathError(f"{path}: non-finite value in data row {int(bad[0, 0]) + 1}")
+    if (np.diff(t) <= 0).any():
+        row = int(np.argmax(np.diff(t) <= 0)) + 2
+        raise PathError(f"{path}: 'time' must strictly increase (data row {row})")
+    return t - t[0], x
+
+
+def write_path(path: str | os.PathLike, t: np.ndarray, x: np.ndarray) -> Path:
+    from nactuator.atomic import atomic_path
+
+    path = Path(path)
+    with atomic_path(path, suffix=".csv") as tmp:
+        pd.DataFrame({"time": t, "x": x[:, 0], "y": x[:, 1], "z": x[:, 2]}).to_csv(
+            tmp, index=False, float_format="%.6f")
+    return path
+
+
+def target_at(times: np.ndarray, points: np.ndarray, t: float) -> np.ndarray:
+    """The path's point at time ``t`` (linear between rows, held after the end)."""
+    return np.array([np.interp(t, times, points[:, k]) for k in range(3)])
+
+
+def dls_step(J: np.ndarray, e: np.ndarray, damping: float) -> np.ndarray:
+    """argmin_du ‖J du − e‖² + λ²‖du‖² = (JᵀJ + λ²I)⁻¹ Jᵀ e."""
+    n = J.shape[1]
+    return np.linalg.solve(J.T @ J + damping**2 * np.eye(n), J.T @ e)
+
+
+# ----------------------------------------------------------------------------- plants
+
+
+@dataclass
+class Observation:
+    q: np.ndarray
+    qd: np.ndarray
+    x: np.ndarray        # (m, 3) the tracked points as the controller sees them
+    x_true: np.ndarray   # (m, 3) ground truth when the plant knows it (else = x)
+    t: float             # s since the start
+
+
+class WorldPlant:
+    """The hidden world (:class:`nactuator.world.World`), one arm, stepped in simulated time.
+
+    ``payload_kg`` hangs at the end-effector point (``-m g`` along z, the world's payload
+    convention); the controller is not told. ``track_noise`` [m]: std of Gaussian noise on
+    the observed point track (a camera's), seeded."""
+
+    def __init__(self, platform: Platform, points: Points, kinematics, q0: np.ndarray,
+                 payload_kg: float = 0.0, world: str | Path | None = None, seed: int = 0,
+                 track_noise: float = 0.0) -> None:
+        from nactuator.world import World, load_world
+
+        self.platform, self.points, self.kin = platform, points, kinematics
+        self.world = World(platform, load_world(platform, world, seed), seed=seed, n_envs=1)
+        self.world.reset(np.asarray(q0, np.float64))
+        self.world.set_external_force([0.0, 0.0, -GRAVITY * float(payload_kg)])
+        self.world.step(float(self.world.params.physics["settle_seconds"]))
+        self.t0 = self.world.time
+        self.rng = np.random.default_rng(seed + 101)
+        self.track_noise = float(track_noise)
+        self.dt = platform.control_dt
+        self._tel = self.world.telemetry()
+        if self.points.bodies != Points.end_effector(kinematics).bodies:
+            self._world_points = None  # link points: judged by FK of the world's true q
+        else:
+            self._world_points = True
+
+    def _truth(self) -> np.ndarray:
+        if self._world_points:
+            return self.world.ee_position()[0][None]
+        import torch
+
+        q = torch.tensor(self.world.q[:1], dtype=torch.float32)
+        return self.points.positions(self.kin, q)[0].numpy().astype(np.float64)
+
+    def read(self) -> Observation:
+        tel = self.world.telemetry()
+        truth = self._truth()
+        seen = truth + self.track_noise * self.rng.standard_normal(truth.shape)
+        return Observation(tel["q"][0], tel["qd"][0], seen, truth, self.world.time - self.t0)
+
+    def write(self, u: np.ndarray) -> None:
+        self.world.set_goal(u)
+        self.world.step(self.dt)
+
+    def goal(self) -> np.ndarray:
+        return self.world.goal()[0]
+
+    def close(self) -> None:
+        self.world.set_torque_enabled(False)
+
+
+class BusPlant:
+    """A telemetry bus (real or emulated). The observed points are rigid FK of the measured
+    joints (no camera); ``truth`` (optional callable -> (m, 3)) reads ground truth, e.g. the
+    emulator's hidden world, for scoring only. Writes are paced at the platform rate by
+    :class:`nactuator.hardware.timing.FixedRate`."""
+
+    def __init__(self, bus, platform: Platform, points: Points, kinematics,
+                 truth=None, paced: bool = True) -> None:
+        from nactuator.hardware.timing import FixedRate
+
+        self.bus, self.platform, self.points, self.kin = bus, platform, points, kinematics
+        self.truth = truth
+        self.dt = platform.control_dt
+        self.pace = FixedRate(platform.fps).start() if paced else None
+        self.lost_slots = 0
+        self.t0 = time.monotonic()
+
+    def read(self) -> Observation:
+        import torch
+
+        frame = self.bus.read()
+        if not frame.valid.all():
+            raise UserError(f"track: servo(s) {np.flatnonzero(~frame.valid).tolist()} not "
+                            "read this cycle; the loop stops rather than steer blind")
+        q = torch.tensor(frame.q[None], dtype=torch.float32)
+        x = self.points.positions(self.kin, q)[0].numpy().astype(np.float64)
+        truth = x if self.truth is None else np.asarray(self.truth(), np.float64)
+        return Observation(frame.q, frame.qd, x, truth, frame.t - self.t0)
+
+    def write(self, u: np.ndarray) -> None:
+        self.bus.write_goal(u)
+        if self.pace is not None:
+            self.lost_slots += self.pace.wait()
+
+    def goal(self) -> np.ndarray:
+        return self.bus.read_goal()
+
+    def close(self) -> None:
+        pass  # the bus's own close (leaving open_bus) switches torque off
+
+
+# ---------------------------------------------------------------------------- controller
+
+
+class Tracker:
+    """One method's controller: :meth:`decide` maps an observation (+ history) to a command."""
+
+    def __init__(self, method: str, platform: Platform, kinematics, points: Points,
+                 settings: TrackSettings, actuator_jacobian: ActuatorJacobian | None = None,
+                 window_length: int = 9) -> None:
+        if method not in METHODS:
+            raise UserError(f"track method {method!r}: expected one of {list(METHODS)}")
+        if method == "actuator" and actuator_jacobian is None:
+            raise UserError("track --method actuator needs a counterfactual checkpoint (--ckpt)")
+        self.method, self.platform, self.kin, self.points = method, platform, kinematics, points
+        self.s, self.aj = settings, actuator_jacobian
+        n = platform.n
+        self.joints = np.array(settings.joints or [j for j in range(n)
+                                                   if j not in platform.gripper_indices])
+        lo = np.array([c.limit_lower for c in platform.channels]) + settings.joint_margin
+        hi = np.array([c.limit_upper for c in platform.channels]) - settings.joint_margin
+        self.lo, self.hi = lo, hi
+        self.history: dict[str, deque] = {k: deque(maxlen=window_length - 1)
+                                          for k in ("q_cmd", "q", "qd")}
+
+    def record(self, q_cmd: np.ndarray, obs: Observation) -> None:
+        """One control step's frame (the command written after reading ``obs``)."""
+        self.history["q_cmd"].append(np.asarray(q_cmd, np.float64))
+        self.history["q"].append(obs.q)
+        self.history["qd"].append(obs.qd)
+
+    def decide(self, obs: Observation, u: np.ndarray, target: np.ndarray
+               ) -> tuple[np.ndarray, dict[str, float]]:
+        """The next command from the current one ``u`` and the target (m, 3) at the
+        prediction time. Returns it and what the tick did (for the log)."""
+        t0 = time.perf_counter()
+        if self.method == "kinematic":
+            x_now, J = kinematic_jacobian(self.kin, self.points, obs.q)
+            x_hat = obs.x
+        else:
+            hist = {k: np.array(v) for k, v in self.history.items()} if self.history["q"] \
+                else {}
+            x_pred, J, _ = self.aj(hist, obs.q, obs.qd, u)
+            x_model_now = kinematic_jacobian(self.kin, self.points, obs.q)[0]
+            x_hat = obs.x + (x_pred - x_model_now)  # predicted motion from where it is seen
+        e = (np.asarray(target) - x_hat).reshape(-1)
+        info = {"err_pred_mm": 1e3 * float(np.linalg.norm(e))}
+        du = np.zeros_like(u)
+        if np.linalg.norm(e) >= self.s.dead_zone:
+            du[self.joints] = self.s.gain * dls_step(J[:, self.joints], e, self.s.damping)
+        peak = np.abs(du).max()
+        if peak > self.s.step_clip:
+            du *= self.s.step_clip / peak
+        new = u + du
+        new = np.clip(new, obs.q - self.s.max_lead, obs.q + self.s.max_lead)
+        new = np.where(np.isin(np.arange(len(u)), self.joints), new, u)
+        new = np.clip(new, self.lo, self.hi)
+        info["decide_ms"] = 1e3 * (time.perf_counter() - t0)
+        return new, info
+
+
+@dataclass
+class TrackResult:
+    method: str
+    stop: str                       # settled | timeout | velocity
+    t: np.ndarray                   # (F,) s, every control step
+    target: np.ndarray              # (F, 3) path point at t
+    x: np.ndarray                   # (F, 3) true tracked point (first point)
+    q: np.ndarray                   # (F, n)
+    u: np.ndarray                   # (F, n) command written
+    decide_ms: np.ndarray           # (ticks,)
+    path_end: float
+    settings: dict
+
+    def errors_mm(self) -> np.ndarray:
+        return 1e3 * np.linalg.norm(self.x - self.target, axis=1)
+
+    def metrics(self) -> dict[str, float]:
+        err = self.errors_mm()
+        on_path = self.t <= self.path_end
+        after = ~on_path
+        settle = float("nan")
+        tol = 1e3 * self.settings["settle_tol"]
+        if after.any():
+            late = np.flatnonzero(after & (err > tol))
+            first_after = int(np.flatnonzero(after)[0])
+            if not len(late):
+                settle = 0.0
+            elif late[-1] + 1 < len(err):
+                settle = float(self.t[late[-1] + 1] - self.t[first_after])
+        # Skip the first 0.5 s: the loop's start transient from rest is not tracking.
+        steady = on_path & (self.t >= 0.5)
+        period_s = self.settings["period"] * self.settings["dt"]
+        return {
+            "rms_mm": float(np.sqrt((err[steady] ** 2).mean())),
+            "mean_mm": float(err[steady].mean()),
+            "max_mm": float(err[steady].max()),
+            "final_mm": float(err[-1]),
+            "settling_s": settle,
+            "decide_p50_ms": float(np.percentile(self.decide_ms, 50)),
+            "decide_p99_ms": float(np.percentile(self.decide_ms, 99)),
+            "tick_hz": 1.0 / period_s,
+            "max_rate_hz": 1e3 / float(np.percentile(self.decide_ms, 99)),
+            "stop": self.stop,
+        }
+
+
+def run_tracking(plant, tracker: Tracker, times: np.ndarray, path: np.ndarray,
+                 progress=None) -> TrackResult:
+    """Run the closed loop on ``plant`` until the stop rule ends it (module docstring)."""
+    s = tracker.s
+    dt = tracker.platform.control_dt
+    u = np.asarray(plant.goal(), np.float64).copy()
+    end = float(times[-1])
+    lookahead = (s.horizon if tracker.method == "actuator" else s.period) * dt
+    log: dict[str, list] = {k: [] for k in ("t", "target", "x", "q", "u")}
+    decide_ms: list[float] = []
+    stop, inside, k = "timeout", 0, 0
+    try:
+        while True:
+            obs = plant.read()
+            if np.abs(obs.qd).max() > s.trip_speed:
+                stop = "velocity"
+                break
+            if k % s.period == 0:
+                target = target_at(times, path, obs.t + lookahead)
+                u, info = tracker.decide(obs, u, np.broadcast_to(target, obs.x.shape))
+                decide_ms.append(info["decide_ms"])
+                err_now = np.linalg.norm(obs.x_true[0] - target_at(times, path, obs.t))
+                if obs.t > end:
+                    inside = inside + 1 if err_now < s.settle_tol else 0
+                    if inside >= s.settle_ticks:
+                        stop = "settled"
+                        break
+                    if obs.t > end + s.extra_s:
+                        break
+                if progress is not None:
+                    progress(obs.t, end)
+            log["t"].append(obs.t)
+            log["target"].append(target_at(times, path, obs.t))
+            log["x"].append(obs.x_true[0])
+            log["q"].append(obs.q)
+            log["u"].append(u.copy())
+            tracker.record(u, obs)
+            plant.write(u)
+            k += 1
+    finally:
+        plant.close()
+    settings = dict(asdict(s), dt=dt)
+    return TrackResult(tracker.method, stop, np.array(log["t"]), np.array(log["target"]),
+                       np.array(log["x"]), np.array(log["q"]), np.array(log["u"]),
+                       np.array(decide_ms), end, settings)

@@ -1,0 +1,218 @@
+"""`nactuator track`: one path, one or both Jacobians, in the hidden world or on a bus.
+
+In the world (no ``--port``) every (method, payload) pair runs the same path from the same
+start pose, with the payload hung at the end-effector and not told to the controller; the
+errors are the world's own end-effector against the path. With ``--port`` the loop drives
+a servo bus (real or ``nactuator emulate``) through :func:`nactuator.hardware.bus.open_bus`:
+torque on at connect, off when the loop ends, however it ends.
+
+Outputs (``--out``): ``track.json`` (settings, metrics per run), ``track.md`` (the table),
+``track.png`` (target vs tracked paths, error over time) and one ``<method>_<payload>g.csv``
+log per run (t, target, tracked point, joints, commands).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from nactuator.atomic import atomic_path, json_safe, write_json, write_png, write_text
+from nactuator.errors import UserError
+from nactuator.platforms import Platform, conf_dir, load_platform
+
+from .jacobian import ActuatorJacobian, Points
+from .track import (
+    METHODS,
+    BusPlant,
+    Tracker,
+    TrackResult,
+    TrackSettings,
+    WorldPlant,
+    read_path,
+    run_tracking,
+)
+
+__all__ = ["circle_path", "load_track_config", "track"]
+
+
+def load_track_config(platform: Platform, path: str | os.PathLike | None = None
+                      ) -> tuple[np.ndarray, TrackSettings]:
+    """Start pose (n,) and settings from ``conf/track/<platform>.yaml`` (or ``path``)."""
+    path = Path(path) if path else conf_dir() / "track" / f"{platform.name}.yaml"
+    if not path.is_file():
+        raise UserError(f"track config {path} does not exist (one per platform in "
+                        "conf/track/)")
+    cfg = yaml.safe_load(path.read_text()) or {}
+    pose = np.asarray(cfg.get("start_pose", []), np.float64)
+    if pose.shape != (platform.n,):
+        raise UserError(f"{path}: start_pose needs {platform.n} joint values, got "
+                        f"{pose.tolist()}")
+    known = set(TrackSettings.__dataclass_fields__)
+    extra = sorted(set(cfg.get("settings", {})) - known)
+    if extra:
+        raise UserError(f"{path}: unknown settings {extra}; known: {sorted(known)}")
+    return pose, TrackSettings(**cfg.get("settings", {}))
+
+
+def circle_path(center_start: np.ndarray, radius: float, seconds: float,
+                dt: float = 0.05, tilt: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """A closed loop through ``center_start``: x–z circle of ``radius`` [m] with a y sway of
+    ``tilt * radius``, once round in ``seconds``."""
+    t = np.arange(0.0, seconds + 1e-9, dt)
+    ph = 2 * np.pi * t / seconds
+    offset = np.stack([radius * np.sin(ph), tilt * radius * np.sin(ph),
+                       radius * (1 - np.cos(ph))], 1)
+    return t, np.asarray(center_start, np.float64) + offset
+
+
+def _save_log(path: Path, r: TrackResult, names: list[str]) -> None:
+    cols = {"t": r.t}
+    for k, a in enumerate("xyz"):
+        cols[f"target_{a}"] = r.target[:, k]
+        cols[f"{a}"] = r.x[:, k]
+    cols.update({f"q_{c}": r.q[:, j] for j, c in enumerate(names)})
+    cols.update({f"u_{c}": r.u[:, j] for j, c in enumerate(names)})
+    with atomic_path(path, suffix=".csv") as tmp:
+        pd.DataFrame(cols).to_csv(tmp, index=False, float_format="%.6f")
+
+
+def _plot(runs: list[tuple[str, float, TrackResult]], path: Path) -> Path:
+    from matplotlib.figure import Figure
+
+    payloads = sorted({g for _, g, _ in runs})
+    fig = Figure(figsize=(4.2 * len(payloads), 7.4))
+    axes = fig.subplots(2, len(payloads), squeeze=False)
+    colors = {"kinematic": "tab:orange", "actuator": "tab:blue"}
+    for col, g in enumerate(payloads):
+        top, bottom = axes[0, col], axes[1, col]
+        first = True
+        for method, grams, r in runs:
+            if grams != g:
+                continue
+            if first:
+                top.plot(1e3 * r.target[:, 0], 1e3 * r.target[:, 2], "k--", lw=1.2,
+                         label="target")
+                first = False
+            top.plot(1e3 * r.x[:, 0], 1e3 * r.x[:, 2], color=colors[method], lw=1.0,
+                     label=f"{method} ({r.metrics()['rms_mm']:.1f} mm rms)")
+            bottom.plot(r.t, r.errors_mm(), color=colors[method], lw=1.0, label=method)
+        top.set_title(f"unknown payload {g:.0f} g", fontsize=9)
+        top.set_xlabel("x [mm]", fontsize=8)
+        top.set_ylabel("z [mm]", fontsize=8)
+        top.set_aspect("equal", adjustable="datalim")
+        top.legend(fontsize=7)
+        bottom.set_xlabel("time [s]", fontsize=8)
+        bottom.set_ylabel("EE error [mm] (world)", fontsize=8)
+        bottom.legend(fontsize=7)
+        for ax in (top, bottom):
+            ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    return write_png(path, fig)
+
+
+def _markdown(report: dict) -> str:
+    lines = [f"# Point tracking: {report['where']}", "",
+             f"path `{report['path']}` ({report['path_seconds']:.1f} s), tick "
+             f"{report['tick_hz']:.1f} Hz, checkpoint `{report.get('checkpoint')}`", "",
+             "| method | payload [g] | rms [mm] | mean [mm] | max [mm] | final [mm] | "
+             "settling [s] | decide p50/p99 [ms] | stop |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        m = r["metrics"]
+        lines.append(f"| {r['method']} | {r['payload_g']:.0f} | {m['rms_mm']:.2f} | "
+                     f"{m['mean_mm']:.2f} | {m['max_mm']:.2f} | {m['final_mm']:.2f} | "
+                     f"{m['settling_s']:.2f} | {m['decide_p50_ms']:.1f}/"
+                     f"{m['decide_p99_ms']:.1f} | {m['stop']} |")
+    return "\n".join(lines) + "\n"
+
+
+def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
+          platform: str | None = None, methods: tuple[str, ...] = ("kinematic",),
+          payloads_g: tuple[float, ...] = (0.0,), port: str | None = None,
+          relative: bool = False, out: str | os.PathLike | None = None,
+          config: str | os.PathLike | None = None, world: str | None = None,
+          seed: int = 0, track_noise: float = 0.0, calibration: str | None = None,
+          threads: int = 1) -> str:
+    """Run the closed loop (see the module docstring); returns the table as markdown."""
+    import torch
+
+    from nactuator.sim import Simulator
+
+    torch.set_num_threads(threads)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise UserError(f"--method {unknown}: expected {list(METHODS)}")
+    actuator = meta = None
+    if ckpt is not None:
+        from nactuator.models import load_actuator
+
+        actuator, meta = load_actuator(ckpt, expect_platform=platform)
+        platform = platform or meta["platform"]
+    elif "actuator" in methods:
+        raise UserError("--method actuator needs --ckpt (a counterfactual checkpoint)")
+    if platform is None:
+        raise UserError("give --platform (or --ckpt, whose platform is used)")
+    p = load_platform(platform)
+    q0, settings = load_track_config(p, config)
+    times, points_path = read_path(path)
+    sim = Simulator(p)
+    points = Points.end_effector(sim.kinematics)
+    aj = (ActuatorJacobian(actuator, sim, points, horizon=settings.horizon)
+          if "actuator" in methods else None)
+
+    runs: list[tuple[str, float, TrackResult]] = []
+    where = "hidden world" if port is None else f"bus {port}"
+    if port is not None:
+        if len(payloads_g) > 1 or payloads_g[0] != 0:
+            raise UserError("--payload-g hangs a payload in the hidden world; on a bus the "
+                            "payload is whatever the arm carries (leave --payload-g out)")
+        from nactuator.hardware.bus import open_bus
+        from nactuator.hardware.signals import sigterm_as_interrupt
+
+        for method in methods:
+            # torque on at connect; leaving open_bus() switches it off, however we leave.
+            with sigterm_as_interrupt(), open_bus(p, port, calibration, torque=True) as bus:
+                bus.wait_ready()
+                plant = BusPlant(bus, p, points, sim.kinematics)
+                offset = _start_offset(plant, relative, points_path)
+                tracker = Tracker(method, p, sim.kinematics, points, settings, aj)
+                try:
+                    runs.append((method, 0.0, run_tracking(plant, tracker, times,
+                                                           points_path + offset)))
+                except KeyboardInterrupt:
+                    return "track: interrupted; torque switched off"
+    else:
+        for grams in payloads_g:
+            for method in methods:
+                plant = WorldPlant(p, points, sim.kinematics, q0, payload_kg=grams / 1000.0,
+                                   world=world, seed=seed, track_noise=track_noise)
+                offset = _start_offset(plant, relative, points_path)
+                tracker = Tracker(method, p, sim.kinematics, points, settings, aj)
+                runs.append((method, grams, run_tracking(plant, tracker, times,
+                                                         points_path + offset)))
+    report = {
+        "where": where, "path": str(path), "path_seconds": float(times[-1]),
+        "checkpoint": None if ckpt is None else str(ckpt), "platform": p.name,
+        "tick_hz": p.fps / settings.period, "settings": json_safe(vars(settings)),
+        "world": world or "default", "seed": seed, "track_noise_m": track_noise,
+        "runs": [{"method": m, "payload_g": g, "metrics": r.metrics()} for m, g, r in runs],
+    }
+    if out is not None:
+        out = Path(out)
+        for m, g, r in runs:
+            _save_log(out / f"{m}_{g:.0f}g.csv", r, p.channel_names)
+        report["plot"] = _plot(runs, out / "track.png").name
+        write_json(out / "track.json", json_safe(report))
+        write_text(out / "track.md", _markdown(report))
+    return _markdown(report)
+
+
+def _start_offset(plant, relative: bool, path_points: np.ndarray) -> np.ndarray:
+    """With ``relative`` the path is offsets from where the tracked point is at the start."""
+    if not relative:
+        return np.zeros(3)
+    return plant.read().x[0] - path_points[0]

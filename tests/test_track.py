@@ -1,0 +1,198 @@
+"""Jacobian-field control (issue 21): dx/du through model + simulator against finite
+differences, the damped-least-squares loop judged in the hidden world by the world's own
+end-effector, and the emulated-bus run ending with torque off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nactuator.control.jacobian import ActuatorJacobian, JacobianError, Points, kinematic_jacobian
+from nactuator.control.track import (
+    PathError,
+    Tracker,
+    TrackSettings,
+    WorldPlant,
+    dls_step,
+    read_path,
+    run_tracking,
+    write_path,
+)
+from nactuator.models import NeuralActuator
+from nactuator.platforms import load_platform
+
+Q0 = np.array([0.0, -0.5, 0.5, 0.9, 0.0, 0.3])
+STATS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
+
+
+@pytest.fixture(scope="module")
+def so101(sims):
+    return load_platform("so101"), sims["so101"]
+
+
+def counterfactual_actuator(seed: int = 0) -> NeuralActuator:
+    """A small untrained counterfactual model (commands + simulated state): its dx/du is
+    as differentiable as a trained one's, which is what the finite-difference test needs."""
+    torch.manual_seed(seed)
+    stats = {k: {"mean": [0.0] * 6, "std": [1.0] * 6} for k in STATS}
+    stats["error"] = {"mean": [0.0] * 6, "std": [0.05] * 6}
+    act = NeuralActuator(features=["command", "state", "error"], n_motors=6, norm_stats=stats,
+                         model_config={"arch": "mlp", "hidden": 16, "n_layers": 1,
+                                       "tau_init_scale": 1.0})
+    return act.eval()
+
+
+def reach(x0: np.ndarray, d: np.ndarray, seconds: float) -> tuple[np.ndarray, np.ndarray]:
+    t = np.arange(0.0, seconds + 1e-9, 0.05)
+    s = 0.5 - 0.5 * np.cos(np.pi * np.clip(t / (0.6 * seconds), 0, 1))
+    return t, x0 + s[:, None] * d
+
+
+def test_kinematic_jacobian_matches_finite_differences_of_fk(so101) -> None:
+    _, sim = so101
+    pts = Points.on_links(sim.kinematics, [(2, (0.05, 0.0, 0.01)), (4, (0.0, 0.02, -0.05))])
+    x, J = kinematic_jacobian(sim.kinematics, pts, Q0)
+    assert x.shape == (2, 3) and J.shape == (6, 6)
+    eps = 1e-3
+    for j in range(6):
+        up, dn = Q0.copy(), Q0.copy()
+        up[j] += eps
+        dn[j] -= eps
+        fd = (kinematic_jacobian(sim.kinematics, pts, up)[0]
+              - kinematic_jacobian(sim.kinematics, pts, dn)[0]).reshape(-1) / (2 * eps)
+        np.testing.assert_allclose(J[:, j], fd, atol=2e-4)
+    # The end-effector point is the simulator's own EE.
+    ee = Points.end_effector(sim.kinematics)
+    q = torch.tensor(Q0[None], dtype=torch.float32)
+    np.testing.assert_allclose(kinematic_jacobian(sim.kinematics, ee, Q0)[0][0],
+                               sim.ee_position(q)[0].numpy(), atol=1e-6)
+    np.testing.assert_allclose(kinematic_jacobian(sim.kinematics, ee, Q0)[1],
+                               sim.ee_jacobian(q)[0].numpy(), atol=1e-5)
+
+
+def test_actuator_dxdu_matches_finite_differences_of_model_and_sim(so101) -> None:
+    _, sim = so101
+    pts = Points.end_effector(sim.kinematics)
+    aj = ActuatorJacobian(counterfactual_actuator(), sim, pts, horizon=3)
+    rng = np.random.default_rng(0)
+    hist = {"q_cmd": Q0 + 0.02 * rng.standard_normal((5, 6)),
+            "q": Q0 + 0.02 * rng.standard_normal((5, 6)), "qd": 0.1 * rng.standard_normal((5, 6))}
+    u = Q0 + np.array([0.05, -0.03, 0.04, 0.02, 0.0, 0.0])
+    x, J, q_end = aj(hist, Q0, np.zeros(6), u)
+    assert J.shape == (3, 6) and np.abs(J).max() > 1e-4  # the command moves the point
+    eps = 2e-3  # float32 rollout: a larger step, a looser tolerance
+    for j in range(5):
+        up, dn = u.copy(), u.copy()
+        up[j] += eps
+        dn[j] -= eps
+        fd = (aj(hist, Q0, np.zeros(6), up)[0] - aj(hist, Q0, np.zeros(6), dn)[0]).reshape(-1)
+        np.testing.assert_allclose(J[:, j], fd / (2 * eps), atol=3e-4 + 0.03 * np.abs(fd).max()
+                                   / (2 * eps))
+    # The prediction is FK of the predicted joints.
+    np.testing.assert_allclose(x[0], kinematic_jacobian(sim.kinematics, pts, q_end)[0][0],
+                               atol=1e-5)
+
+
+def test_a_telemetry_model_is_refused_for_dxdu(so101) -> None:
+    _, sim = so101
+    stats = {k: {"mean": [0.0] * 6, "std": [1.0] * 6} for k in STATS}
+    act = NeuralActuator(n_motors=6, norm_stats=stats, model_config={"arch": "mlp",
+                                                                     "hidden": 8, "n_layers": 1})
+    with pytest.raises(JacobianError, match="counterfactual"):
+        ActuatorJacobian(act, sim, Points.end_effector(sim.kinematics))
+
+
+def test_dls_step_solves_the_damped_normal_equations() -> None:
+    rng = np.random.default_rng(1)
+    J, e = rng.standard_normal((3, 5)), rng.standard_normal(3)
+    du = dls_step(J, e, 0.1)
+    # Stationary point of ‖J du − e‖² + λ²‖du‖².
+    np.testing.assert_allclose(J.T @ (J @ du - e) + 0.01 * du, 0.0, atol=1e-12)
+    tall, y = rng.standard_normal((5, 3)), rng.standard_normal(5)  # undamped: least squares
+    np.testing.assert_allclose(dls_step(tall, y, 0.0), np.linalg.lstsq(tall, y)[0], atol=1e-9)
+
+
+def test_kinematic_loop_converges_in_the_world_with_an_unknown_payload(so101) -> None:
+    p, sim = so101
+    pts = Points.end_effector(sim.kinematics)
+    x0 = kinematic_jacobian(sim.kinematics, pts, Q0)[0][0]
+    t, path = reach(x0, np.array([0.02, 0.015, 0.03]), 1.5)
+    settings = TrackSettings(extra_s=1.5)
+    plant = WorldPlant(p, pts, sim.kinematics, Q0, payload_kg=0.2)
+    world = plant.world
+    r = run_tracking(plant, Tracker("kinematic", p, sim.kinematics, pts, settings), t, path)
+    # Judged by the world's own end-effector (MuJoCo FK of the perturbed arm), not ours.
+    final = np.linalg.norm(world.ee_position()[0] - path[-1])
+    assert r.stop == "settled" and final < 0.004, (r.stop, final)
+    assert np.linalg.norm(r.x[0] - path[-1]) > 0.02  # it did have to move
+    # Safety: no command step larger than the clip, all commands inside the limits.
+    du = np.abs(np.diff(r.u, axis=0)).max()
+    assert du <= settings.step_clip + 1e-9
+    lo = np.array([c.limit_lower for c in p.channels]) + settings.joint_margin
+    assert (r.u >= lo - 1e-9).all()
+
+
+def test_actuator_loop_keeps_its_safety_rules(so101) -> None:
+    """An untrained model steers badly; the clip, lead limit and stop rule still hold."""
+    p, sim = so101
+    pts = Points.end_effector(sim.kinematics)
+    x0 = kinematic_jacobian(sim.kinematics, pts, Q0)[0][0]
+    t, path = reach(x0, np.array([0.0, 0.0, 0.02]), 0.6)
+    s = TrackSettings(horizon=2, extra_s=0.3, step_clip=0.05, max_lead=0.1)
+    aj = ActuatorJacobian(counterfactual_actuator(1), sim, pts, horizon=s.horizon)
+    plant = WorldPlant(p, pts, sim.kinematics, Q0)
+    r = run_tracking(plant, Tracker("actuator", p, sim.kinematics, pts, s, aj), t, path)
+    assert r.stop in ("settled", "timeout") and r.t[-1] <= t[-1] + s.extra_s + 0.1
+    assert np.abs(np.diff(r.u, axis=0)).max() <= s.step_clip + 1e-9
+    assert (np.abs(r.u - r.q) <= s.max_lead + 1e-9).all()
+    assert len(r.decide_ms) >= len(r.t) // s.period
+
+
+def test_a_bad_path_file_gives_one_clear_error(tmp_path) -> None:
+    with pytest.raises(PathError, match="does not exist"):
+        read_path(tmp_path / "none.csv")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("time,x,y\n0,0,0\n1,0,0\n")
+    with pytest.raises(PathError, match=r"missing column\(s\) \['z'\]"):
+        read_path(bad)
+    bad.write_text("time,x,y,z\n0,0,0,0\n0,0,0,1\n")
+    with pytest.raises(PathError, match="strictly increase.*row 2"):
+        read_path(bad)
+    ok = write_path(tmp_path / "ok.csv", np.array([1.0, 2.0]), np.ones((2, 3)))
+    t, x = read_path(ok)
+    np.testing.assert_allclose(t, [0.0, 1.0])
+    np.testing.assert_allclose(x, 1.0)
+
+
+def test_track_on_the_emulated_bus_ends_with_torque_off(tmp_path, so101) -> None:
+    """`nactuator track --port` against the STS3215 emulator running the hidden world: the
+    end-effector reaches the path (scored by the emulator's world) and torque is off after."""
+    from nactuator.control.track_run import track
+    from nactuator.hardware.emulator import Emulator
+    from nactuator.hardware.emulator.world_arm import WorldArm
+
+    p, sim = so101
+    t, d = reach(np.zeros(3), np.array([0.02, 0.0, 0.02]), 1.5)
+    path = write_path(tmp_path / "reach.csv", t, d)
+    arm = WorldArm(p, seed=2, q0=Q0)
+    # The world advances one control step per telemetry read: the same motion on a loaded
+    # machine as on an idle one.
+    with Emulator("feetech", p, seed=2, arm=arm, step_per_read=p.control_dt) as follower:
+        for table in follower.tables.values():
+            table.set("Goal_Position", table.get("Present_Position"))
+        start_world = arm.world.ee_position()[0].copy()
+        report = track(path, platform="so101", methods=("kinematic",), port=follower.port,
+                       relative=True, out=tmp_path / "out")
+        assert [tb.get("Torque_Enable") for tb in follower.tables.values()] == [0] * 6
+        end = arm.world.ee_position()[0]
+    assert "bus" in report and (tmp_path / "out" / "track.png").exists()
+    assert np.linalg.norm(end - start_world) > 0.02  # it moved by about the path's 2.8 cm
+    # Scored by the emulator's hidden world: its own EE moved by the path's displacement.
+    assert np.linalg.norm(end - (start_world + d[-1])) < 0.005
+    # The observed point is rigid FK of the measured joints; the world's own EE ends near
+    # where the path ends relative to the world's start (sag and FK differences < 5 mm).
+    log = np.genfromtxt(tmp_path / "out" / "kinematic_0g.csv", delimiter=",", names=True)
+    target_end = np.array([log["target_x"][-1], log["target_y"][-1], log["target_z"][-1]])
+    seen_end = np.array([log["x"][-1], log["y"][-1], log["z"][-1]])
+    assert np.linalg.norm(seen_end - target_end) < 0.004
