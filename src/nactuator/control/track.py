@@ -6,7 +6,9 @@ the command by the damped-least-squares step of the Neural Jacobian Fields contr
 
     du = gain * (JᵀJ + λ² I)⁻¹ Jᵀ e          e = x*(t + h) − x̂(t + h)
 
-then applies the safety rules in this order: a dead-zone (``‖e‖ < dead_zone``: no step), a
+plus a pull toward the start pose in J's null space (``null_gain``: five joints move a
+three-coordinate point, and the posture must not wander into a joint limit), then applies
+the safety rules in this order: a dead-zone (``‖e‖ < dead_zone``: no step), a
 step clip (``max|du| ≤ step_clip`` rad per tick, scaled as a whole so the direction is
 kept), a lead limit (the command never runs more than ``max_lead`` rad ahead of the
 measured joint: no wind-up against a payload or a stall), the joint limits less a margin,
@@ -70,10 +72,12 @@ class TrackSettings:
     trip_speed: float = 6.0         # rad/s measured: stop
     period: int = 4                 # control steps per tick
     horizon: int = 4                # actuator-aware prediction, control steps
+    predict: bool = False           # actuator-aware: add the model's predicted displacement
     settle_tol: float = 0.003       # m
     settle_ticks: int = 5
     extra_s: float = 2.0            # s after the path's end before "timeout"
     joints: list[int] = field(default_factory=list)  # controlled joints ([] = all non-gripper)
+    null_gain: float = 0.1          # per tick, toward the start pose in J's null space
 
 
 def read_path(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
@@ -128,13 +132,28 @@ def dls_step(J: np.ndarray, e: np.ndarray, damping: float) -> np.ndarray:
 # ----------------------------------------------------------------------------- plants
 
 
-@dataclass
 class Observation:
-    q: np.ndarray
-    qd: np.ndarray
-    x: np.ndarray        # (m, 3) the tracked points as the controller sees them
-    x_true: np.ndarray   # (m, 3) ground truth when the plant knows it (else = x)
-    t: float             # s since the start
+    """One read: joints, time, and the tracked points (m, 3) as the controller sees them
+    (``x``) and as the judge does (``x_true``). A bus computes ``x`` by FK only when asked
+    (a decision cycle), so the cycles between stay inside their 16 ms slot."""
+
+    def __init__(self, q: np.ndarray, qd: np.ndarray, x, x_true, t: float) -> None:
+        self.q, self.qd, self.t = q, qd, t
+        self._x, self._x_true = x, x_true
+
+    @property
+    def x(self) -> np.ndarray:
+        if callable(self._x):
+            self._x = self._x()
+        return self._x
+
+    @property
+    def x_true(self) -> np.ndarray:
+        if self._x_true is None:
+            return self.x
+        if callable(self._x_true):
+            self._x_true = self._x_true()
+        return self._x_true
 
 
 class WorldPlant:
@@ -204,19 +223,36 @@ class BusPlant:
         self.dt = platform.control_dt
         self.pace = FixedRate(platform.fps).start() if paced else None
         self.lost_slots = 0
+        self.incomplete = 0  # cycles with a servo unread (its last reading held)
+        self.max_missed = 5
         self.t0 = time.monotonic()
 
     def read(self) -> Observation:
         import torch
 
         frame = self.bus.read()
-        if not frame.valid.all():
-            raise UserError(f"track: servo(s) {np.flatnonzero(~frame.valid).tolist()} not "
-                            "read this cycle; the loop stops rather than steer blind")
-        q = torch.tensor(frame.q[None], dtype=torch.float32)
-        x = self.points.positions(self.kin, q)[0].numpy().astype(np.float64)
-        truth = x if self.truth is None else np.asarray(self.truth(), np.float64)
-        return Observation(frame.q, frame.qd, x, truth, frame.t - self.t0)
+        q_now, qd_now = frame.q.copy(), frame.qd.copy()
+        if frame.valid.all():
+            self.missed = 0
+        else:
+            # A servo not read this cycle keeps its last reading (live's fill rule); a run
+            # of them stops the loop rather than steer blind.
+            self.missed = getattr(self, "missed", 0) + 1
+            if self.missed > self.max_missed or not hasattr(self, "_last"):
+                raise UserError(f"track: servo(s) {np.flatnonzero(~frame.valid).tolist()} "
+                                f"not read for {self.missed} cycle(s); the loop stops rather "
+                                "than steer blind (torque goes off)")
+            q_now = np.where(frame.valid, q_now, self._last[0])
+            qd_now = np.where(frame.valid, qd_now, self._last[1])
+            self.incomplete += 1
+        self._last = (q_now, qd_now)
+
+        def fk() -> np.ndarray:
+            q = torch.tensor(q_now[None], dtype=torch.float64)
+            return self.points.positions(self.kin, q)[0].numpy()
+
+        truth = None if self.truth is None else np.asarray(self.truth(), np.float64)
+        return Observation(q_now, qd_now, fk, truth, frame.t - self.t0)
 
     def write(self, u: np.ndarray) -> None:
         self.bus.write_goal(u)
@@ -251,6 +287,7 @@ class Tracker:
         lo = np.array([c.limit_lower for c in platform.channels]) + settings.joint_margin
         hi = np.array([c.limit_upper for c in platform.channels]) - settings.joint_margin
         self.lo, self.hi = lo, hi
+        self.home: np.ndarray | None = None  # the start command (run_tracking sets it)
         self.history: dict[str, deque] = {k: deque(maxlen=window_length - 1)
                                           for k in ("q_cmd", "q", "qd")}
 
@@ -273,12 +310,24 @@ class Tracker:
                 else {}
             x_pred, J, _ = self.aj(hist, obs.q, obs.qd, u)
             x_model_now = kinematic_jacobian(self.kin, self.points, obs.q)[0]
-            x_hat = obs.x + (x_pred - x_model_now)  # predicted motion from where it is seen
+            # With `predict`, aim the predicted point (lag and momentum included); else aim the
+            # observed one, as the kinematic loop does: the model's own drift then cannot
+            # leave a steady-state offset (a model that predicts sag where the arm holds
+            # would stop the loop that far from the target).
+            x_hat = obs.x + (x_pred - x_model_now) if self.s.predict else obs.x
         e = (np.asarray(target) - x_hat).reshape(-1)
         info = {"err_pred_mm": 1e3 * float(np.linalg.norm(e))}
         du = np.zeros_like(u)
+        Jc = J[:, self.joints]
         if np.linalg.norm(e) >= self.s.dead_zone:
-            du[self.joints] = self.s.gain * dls_step(J[:, self.joints], e, self.s.damping)
+            du[self.joints] = self.s.gain * dls_step(Jc, e, self.s.damping)
+        if self.s.null_gain > 0 and self.home is not None:
+            # Redundancy (5 joints, 3 coordinates): drift toward the start pose only where it
+            # does not move the point (I − J⁺J), so the posture cannot wander into a limit.
+            pinv = np.linalg.solve(Jc.T @ Jc + self.s.damping**2 * np.eye(len(self.joints)),
+                                   Jc.T)
+            null = np.eye(len(self.joints)) - pinv @ Jc
+            du[self.joints] += self.s.null_gain * null @ (self.home - u)[self.joints]
         peak = np.abs(du).max()
         if peak > self.s.step_clip:
             du *= self.s.step_clip / peak
@@ -302,6 +351,7 @@ class TrackResult:
     decide_ms: np.ndarray           # (ticks,)
     path_end: float
     settings: dict
+    lost_slots: int = 0             # bus runs: schedule slots a late cycle skipped
 
     def errors_mm(self) -> np.ndarray:
         return 1e3 * np.linalg.norm(self.x - self.target, axis=1)
@@ -331,9 +381,31 @@ class TrackResult:
             "decide_p50_ms": float(np.percentile(self.decide_ms, 50)),
             "decide_p99_ms": float(np.percentile(self.decide_ms, 99)),
             "tick_hz": 1.0 / period_s,
+            # Cycles per second of the plant's clock (simulated in the world, wall on a bus).
+            "cycle_hz": float((len(self.t) - 1) / (self.t[-1] - self.t[0])),
+            "lost_slots": int(self.lost_slots),
+            "ticks_hz": float(len(self.decide_ms) / (self.t[-1] - self.t[0] + period_s)),
             "max_rate_hz": 1e3 / float(np.percentile(self.decide_ms, 99)),
             "stop": self.stop,
         }
+
+
+def _judged(tracker: Tracker, observations: list[Observation]) -> np.ndarray:
+    """(F, 3) the first tracked point of every read; FK of the measured joints, in one
+    batch, where the plant had no ground truth and the loop never asked for it."""
+    import torch
+
+    out = np.zeros((len(observations), 3))
+    pending = []
+    for i, o in enumerate(observations):
+        if o._x_true is None and callable(o._x):
+            pending.append(i)
+        else:
+            out[i] = o.x_true[0]
+    if pending:
+        q = torch.tensor(np.stack([observations[i].q for i in pending]), dtype=torch.float64)
+        out[pending] = tracker.points.positions(tracker.kin, q)[:, 0].numpy()
+    return out
 
 
 def run_tracking(plant, tracker: Tracker, times: np.ndarray, path: np.ndarray,
@@ -342,6 +414,7 @@ def run_tracking(plant, tracker: Tracker, times: np.ndarray, path: np.ndarray,
     s = tracker.s
     dt = tracker.platform.control_dt
     u = np.asarray(plant.goal(), np.float64).copy()
+    tracker.home = u.copy()
     end = float(times[-1])
     lookahead = (s.horizon if tracker.method == "actuator" else s.period) * dt
     log: dict[str, list] = {k: [] for k in ("t", "target", "x", "q", "u")}
@@ -369,7 +442,7 @@ def run_tracking(plant, tracker: Tracker, times: np.ndarray, path: np.ndarray,
                     progress(obs.t, end)
             log["t"].append(obs.t)
             log["target"].append(target_at(times, path, obs.t))
-            log["x"].append(obs.x_true[0])
+            log["x"].append(obs)  # the judged point, read after the loop (bus: FK)
             log["q"].append(obs.q)
             log["u"].append(u.copy())
             tracker.record(u, obs)
@@ -379,5 +452,6 @@ def run_tracking(plant, tracker: Tracker, times: np.ndarray, path: np.ndarray,
         plant.close()
     settings = dict(asdict(s), dt=dt)
     return TrackResult(tracker.method, stop, np.array(log["t"]), np.array(log["target"]),
-                       np.array(log["x"]), np.array(log["q"]), np.array(log["u"]),
-                       np.array(decide_ms), end, settings)
+                       _judged(tracker, log["x"]), np.array(log["q"]), np.array(log["u"]),
+                       np.array(decide_ms), end, settings,
+                       int(getattr(plant, "lost_slots", 0)))

@@ -119,14 +119,16 @@ def _markdown(report: dict) -> str:
              f"path `{report['path']}` ({report['path_seconds']:.1f} s), tick "
              f"{report['tick_hz']:.1f} Hz, checkpoint `{report.get('checkpoint')}`", "",
              "| method | payload [g] | rms [mm] | mean [mm] | max [mm] | final [mm] | "
-             "settling [s] | decide p50/p99 [ms] | stop |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "settling [s] | decide p50/p99 [ms] | cycles/s (lost) | ticks/s | stop |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
         m = r["metrics"]
         lines.append(f"| {r['method']} | {r['payload_g']:.0f} | {m['rms_mm']:.2f} | "
                      f"{m['mean_mm']:.2f} | {m['max_mm']:.2f} | {m['final_mm']:.2f} | "
                      f"{m['settling_s']:.2f} | {m['decide_p50_ms']:.1f}/"
-                     f"{m['decide_p99_ms']:.1f} | {m['stop']} |")
+                     f"{m['decide_p99_ms']:.1f} | {m['cycle_hz']:.1f} ({m['lost_slots']}) | "
+                     f"{m['ticks_hz']:.1f} | "
+                     f"{m['stop']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -156,6 +156,7 @@ TASK_KINDS = {
     "push": {"axis", "sign", "ref"},
     "bam": {"profile"},
     "hold": {"payload_g"},
+    "perturb": {"payload_g"},
 }
 BAM_PROFILES = ("sin_sin", "lift_and_drop", "up_and_down", "sin_time_square", "random_sines")
 _TASK_KEYS = {

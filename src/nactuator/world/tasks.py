@@ -242,6 +242,27 @@ def _sweep(c: _Ctx, spec: dict) -> np.ndarray:
     return _through_waypoints(times, poses, c.t)
 
 
+def _perturb(c: _Ctx, spec: dict) -> np.ndarray:
+    """Command steps around a slowly wandering pose: each 0.25-0.6 s a new goal, the pose
+    plus up to ±0.12 rad per joint (grippers held). What a Jacobian field is fitted from
+    (random command perturbations and the motion they cause; Neural Jacobian Fields), and
+    what a model's dx/du is only right about if it has seen it."""
+    dt = c.t[1] - c.t[0] if len(c.t) > 1 else 1.0
+    lo = np.array([ch.limit_lower for ch in c.platform.channels])
+    hi = np.array([ch.limit_upper for ch in c.platform.channels])
+    arm = np.array([j not in c.platform.gripper_indices for j in range(c.rest.size)])
+    q = np.repeat(c.rest[None], len(c.t), axis=0)
+    k = int(round(0.5 / dt))  # start at rest
+    pose = c.rest.copy()
+    while k < len(c.t):
+        hold = max(1, int(round(c.rep.uniform(0.25, 0.6) / dt)))
+        pose = np.clip(pose + c.rep.normal(0.0, 0.1, pose.size), c.rest - 0.4, c.rest + 0.4)
+        goal = np.where(arm, pose + c.rep.uniform(-0.12, 0.12, pose.size), c.rest)
+        q[k : k + hold] = np.clip(goal, lo, hi)
+        k += hold
+    return q
+
+
 def _backward_forward(c: _Ctx, spec: dict) -> np.ndarray:
     ws = c.params.workspace
     center = np.asarray(ws["circle_center"], float) + c.offset3()
@@ -408,6 +429,9 @@ def plan_episode(
         q, (t_grab, t_release), (t_in, t_out) = _pick_place(ctx, spec)
         held = (t >= t_grab) & (t < t_release)
         between_jaws = (t >= t_in) & (t < t_out)
+    elif kind == "perturb":
+        q = _perturb(ctx, spec)
+        held[:] = mass > 0  # a payload, if any, hangs for the whole episode
     elif kind in ("lift_hold", "hold"):
         q = _lift_hold(ctx, spec)
         held[:] = True
