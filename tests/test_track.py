@@ -213,3 +213,19 @@ def test_the_worlds_own_dxdu_is_a_softer_rigid_fk(so101) -> None:
     cos = (Jw * Jk).sum(0) / (np.linalg.norm(Jw, axis=0) * np.linalg.norm(Jk, axis=0))
     assert (cos > 0.8).all(), cos  # each joint moves the point the way FK says
     assert truth["history"]["q"].shape == (8, 6)
+
+
+def test_the_perturb_task_steps_commands_around_a_wandering_pose(so101) -> None:
+    from nactuator.world import load_world
+    from nactuator.world.tasks import plan_episode
+
+    p, _ = so101
+    params = load_world(p, None, 0)
+    plan = plan_episode(p, params, None, "joint_perturbations_300g", 0, 0)
+    q = plan.q_goal
+    rest = np.asarray(params.workspace["rest_pose"], float)
+    steps = np.abs(np.diff(q, axis=0)).max(axis=1)
+    assert (steps > 0.02).sum() >= 10  # many command steps (tremor alone is far smaller)
+    assert np.abs(q[:, :5] - rest[:5]).max() < 0.4 + 0.12 + 0.1  # pose drift + step + offsets
+    assert np.ptp(q[:, 5]) < 0.05  # the gripper is held
+    assert (plan.payload_mass == 0.3).all()  # the payload hangs for the whole episode

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from nactuator.constants import GRAVITY
 from nactuator.platforms import Platform
 
 from .jacobian import ActuatorJacobian, Points, kinematic_jacobian
 
 __all__ = ["jacobian_errors", "world_dxdu"]
 
-GRAVITY = 9.81
 
 
 def _settled_world(platform: Platform, q0: np.ndarray, arms: int, payload_kg: float,

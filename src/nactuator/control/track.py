@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from nactuator.constants import GRAVITY
 from nactuator.errors import UserError
 from nactuator.platforms import Platform
 
@@ -52,7 +53,6 @@ __all__ = ["METHODS", "BusPlant", "PathError", "TrackResult", "TrackSettings", "
            "WorldPlant", "dls_step", "read_path", "run_tracking", "write_path"]
 
 METHODS = ("kinematic", "actuator")
-GRAVITY = 9.81
 
 
 class PathError(UserError, ValueError):

@@ -22,7 +22,8 @@ import yaml
 
 from nactuator.atomic import atomic_path, json_safe, write_json, write_png, write_text
 from nactuator.errors import UserError
-from nactuator.platforms import Platform, conf_dir, load_platform
+from nactuator.paths import conf_dir
+from nactuator.platforms import Platform, load_platform
 
 from .jacobian import ActuatorJacobian, Points
 from .track import (
@@ -172,7 +173,7 @@ def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
         if len(payloads_g) > 1 or payloads_g[0] != 0:
             raise UserError("--payload-g hangs a payload in the hidden world; on a bus the "
                             "payload is whatever the arm carries (leave --payload-g out)")
-        from nactuator.hardware.bus import open_bus
+        from nactuator.hardware.open import open_bus
         from nactuator.hardware.signals import sigterm_as_interrupt
 
         for method in methods:
