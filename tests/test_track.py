@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from nactuator.control.jacobian import ActuatorJacobian, JacobianError, Points, kinematic_jacobian
+from nactuator.control.plants import WorldPlant
 from nactuator.control.track import (
     PathError,
     Tracker,
     TrackSettings,
-    WorldPlant,
     dls_step,
     read_path,
     run_tracking,

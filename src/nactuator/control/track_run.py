@@ -3,7 +3,7 @@
 In the world (no ``--port``) every (method, payload) pair runs the same path from the same
 start pose, with the payload hung at the end-effector and not told to the controller; the
 errors are the world's own end-effector against the path. With ``--port`` the loop drives
-a servo bus (real or ``nactuator emulate``) through :func:`nactuator.hardware.bus.open_bus`:
+a servo bus (real or ``nactuator emulate``) through :func:`nactuator.hardware.open.open_bus`:
 torque on at connect, off when the loop ends, however it ends.
 
 Outputs (``--out``): ``track.json`` (settings, metrics per run), ``track.md`` (the table),
@@ -26,16 +26,8 @@ from nactuator.paths import conf_dir
 from nactuator.platforms import Platform, load_platform
 
 from .jacobian import ActuatorJacobian, Points
-from .track import (
-    METHODS,
-    BusPlant,
-    Tracker,
-    TrackResult,
-    TrackSettings,
-    WorldPlant,
-    read_path,
-    run_tracking,
-)
+from .plants import BusPlant, WorldPlant
+from .track import METHODS, Tracker, TrackResult, TrackSettings, read_path, run_tracking
 
 __all__ = ["circle_path", "load_track_config", "track"]
 
