@@ -171,6 +171,7 @@ def test_track_on_the_emulated_bus_ends_with_torque_off(tmp_path, so101) -> None
     from nactuator.control.track_run import track
     from nactuator.hardware.emulator import Emulator
     from nactuator.hardware.emulator.world_arm import WorldArm
+    from nactuator.hardware.recorder import with_hardware
 
     p, sim = so101
     t, d = reach(np.zeros(3), np.array([0.02, 0.0, 0.02]), 1.5)
@@ -182,7 +183,10 @@ def test_track_on_the_emulated_bus_ends_with_torque_off(tmp_path, so101) -> None
         for table in follower.tables.values():
             table.set("Goal_Position", table.get("Present_Position"))
         start_world = arm.world.ee_position()[0].copy()
-        report = track(path, platform="so101", methods=("kinematic",), port=follower.port,
+        # Patient replies (as tests/test_live.py): an emulator in this process can take a
+        # few hundred ms to answer on a loaded machine.
+        patient = with_hardware(p, rx_timeout_ms=5000.0, reply_timeout_ms=5000.0)
+        report = track(path, platform=patient, methods=("kinematic",), port=follower.port,
                        relative=True, out=tmp_path / "out")
         assert [tb.get("Torque_Enable") for tb in follower.tables.values()] == [0] * 6
         end = arm.world.ee_position()[0]
@@ -229,3 +233,21 @@ def test_the_perturb_task_steps_commands_around_a_wandering_pose(so101) -> None:
     assert np.abs(q[:, :5] - rest[:5]).max() < 0.4 + 0.12 + 0.1  # pose drift + step + offsets
     assert np.ptp(q[:, 5]) < 0.05  # the gripper is held
     assert (plan.payload_mass == 0.3).all()  # the payload hangs for the whole episode
+
+
+def test_a_field_fitted_to_world_point_tracks_learns_the_worlds_dxdu(so101) -> None:
+    """Self-supervised: commands in, noisy world point tracks out; the fitted J_θ(q) at the
+    start pose points the way the world's own ±δ response does (checked independently)."""
+    from nactuator.control.field import collect_perturbations, fit_field
+    from nactuator.control.jacobian_check import world_dxdu
+
+    p, _ = so101
+    joints = [0, 1, 2, 3]
+    data = collect_perturbations(p, Q0, joints, poses=10, per_pose=5, horizon=16, spread=0.2)
+    field, fit = fit_field(data, p.n, joints, steps=300, lr=1e-2)
+    assert fit["heldout_r2"] > 0.3, fit
+    truth = world_dxdu(p, Q0, joints, horizon=16)["J"]
+    J = field.jacobian(Q0, p.n)[:, joints]
+    cos = (J * truth).sum() / (np.linalg.norm(J) * np.linalg.norm(truth))
+    assert cos > 0.9, cos
+    assert np.all(field.jacobian(Q0, p.n)[:, [4, 5]] == 0)  # uncontrolled columns

@@ -14,7 +14,7 @@ kept), a lead limit (the command never runs more than ``max_lead`` rad ahead of 
 measured joint: no wind-up against a payload or a stall), the joint limits less a margin,
 and a velocity trip (a measured joint speed above ``trip_speed`` stops the run).
 
-Two Jacobians (:mod:`nactuator.control.jacobian`):
+Three Jacobians (:mod:`nactuator.control.jacobian`, :mod:`nactuator.control.field`):
 
 * ``kinematic``: ``J = dx/dq`` of rigid FK at the measured q, ``x̂`` = the observed point.
 * ``actuator``: the counterfactual actuator model + simulator rolled ``horizon`` steps from
@@ -22,6 +22,9 @@ Two Jacobians (:mod:`nactuator.control.jacobian`):
   there; ``x̂`` = the observed point (or, with ``predict``, the observed point plus the
   model's predicted displacement: lag and momentum included, but a model that predicts
   motion where the arm holds then leaves that much steady-state error).
+
+* ``field``: a Jacobian field J_θ(q) fitted to the world's point tracks under random
+  command perturbations (the seed's self-supervised recipe); ``x̂`` = the observed point.
 
 The stop rule: after the path's last point, the run ends ``settled`` once the error stayed
 under ``settle_tol`` for ``settle_ticks`` ticks, else ``timeout`` after ``extra_s``.
@@ -52,7 +55,7 @@ from .plants import Observation
 __all__ = ["METHODS", "PathError", "TrackResult", "TrackSettings", "Tracker", "dls_step",
            "read_path", "run_tracking", "write_path"]
 
-METHODS = ("kinematic", "actuator")
+METHODS = ("kinematic", "actuator", "field")
 
 
 class PathError(UserError, ValueError):
@@ -137,13 +140,15 @@ class Tracker:
 
     def __init__(self, method: str, platform: Platform, kinematics, points: Points,
                  settings: TrackSettings, actuator_jacobian: ActuatorJacobian | None = None,
-                 window_length: int = 9) -> None:
+                 window_length: int = 9, field=None) -> None:
         if method not in METHODS:
             raise UserError(f"track method {method!r}: expected one of {list(METHODS)}")
         if method == "actuator" and actuator_jacobian is None:
             raise UserError("track --method actuator needs a counterfactual checkpoint (--ckpt)")
         self.method, self.platform, self.kin, self.points = method, platform, kinematics, points
-        self.s, self.aj = settings, actuator_jacobian
+        if method == "field" and field is None:
+            raise UserError("track --method field needs a fitted Jacobian field")
+        self.s, self.aj, self.field = settings, actuator_jacobian, field
         n = platform.n
         self.joints = np.array(settings.joints or [j for j in range(n)
                                                    if j not in platform.gripper_indices])
@@ -168,6 +173,8 @@ class Tracker:
         if self.method == "kinematic":
             x_now, J = kinematic_jacobian(self.kin, self.points, obs.q)
             x_hat = obs.x
+        elif self.method == "field":  # learned J_θ(q) (control.field)
+            J, x_hat = self.field.jacobian(obs.q, len(u)), obs.x
         else:
             hist = {k: np.array(v) for k, v in self.history.items()} if self.history["q"] \
                 else {}

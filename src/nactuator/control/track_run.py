@@ -126,7 +126,7 @@ def _markdown(report: dict) -> str:
 
 
 def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
-          platform: str | None = None, methods: tuple[str, ...] = ("kinematic",),
+          platform: str | Platform | None = None, methods: tuple[str, ...] = ("kinematic",),
           payloads_g: tuple[float, ...] = (0.0,), port: str | None = None,
           relative: bool = False, out: str | os.PathLike | None = None,
           config: str | os.PathLike | None = None, world: str | None = None,
@@ -145,13 +145,14 @@ def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
     if ckpt is not None:
         from nactuator.models import load_actuator
 
-        actuator, meta = load_actuator(ckpt, expect_platform=platform)
+        name = platform.name if isinstance(platform, Platform) else platform
+        actuator, meta = load_actuator(ckpt, expect_platform=name)
         platform = platform or meta["platform"]
     elif "actuator" in methods:
         raise UserError("--method actuator needs --ckpt (a counterfactual checkpoint)")
     if platform is None:
         raise UserError("give --platform (or --ckpt, whose platform is used)")
-    p = load_platform(platform)
+    p = platform if isinstance(platform, Platform) else load_platform(platform)
     q0, settings = load_track_config(p, config)
     times, points_path = read_path(path)
     sim = Simulator(p)
