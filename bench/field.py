@@ -1,4 +1,4 @@
-"""A learned Jacobian field against rigid FK in closed loop (docs/results.md §8, "field").
+"""A learned Jacobian field against rigid FK in closed loop (docs/results.md §9, "field").
 
 Fits J_θ(q) (control.field) to the world's end-effector tracks under random ±0.04 rad
 command perturbations held 16 steps at poses within ±0.3 rad of the track start pose
