@@ -44,6 +44,7 @@ __all__ = [
     "StreamingWindow",
     "causal_windows",
     "closed_loop_rollout",
+    "closed_loop_rollout_stepwise",
     "episode_block",
     "eval_mode",
     "model_inputs",
@@ -209,6 +210,36 @@ class Rollout:
         return Rollout(**states, **steps)
 
 
+def _check_steps(block: Mapping[str, torch.Tensor], window_length: int,
+                 steps: int | None) -> tuple[int, int]:
+    """(frames before the start, steps) of a rollout of ``block``; refuses a short block."""
+    before = _frames_before(window_length)
+    frames = block["q"].shape[1]
+    steps = frames - before - 1 if steps is None else int(steps)
+    if steps < 1 or frames < before + steps + 1:
+        raise ValueError(
+            f"the block has {frames} frames; {steps} rollout step(s) with window length "
+            f"{window_length} need {window_length + max(steps, 1)} (L - 1 before the start, "
+            "the start frame and one frame per step)")
+    return before, steps
+
+
+_OUTPUT_KEYS = ("tau", "force", "gate", "gate_logit", "condition", "condition_logit")
+
+
+def _finish(actuator_out: Mapping[str, torch.Tensor], outs: dict[str, list[torch.Tensor]],
+            step: int) -> torch.Tensor:
+    """Check one step's torque and keep its outputs; returns the torque."""
+    tau = actuator_out["tau"]
+    if not torch.isfinite(tau).all():
+        raise NonFiniteRollout(f"non-finite torque predicted at rollout step {step}")
+    batch = tau.shape[0]
+    for key in _OUTPUT_KEYS:
+        value = actuator_out[key]
+        outs[key].append(value.reshape(batch) if key.startswith("gate") else value)
+    return tau
+
+
 def closed_loop_rollout(actuator: ActuatorFn, step: StepFn, block: Mapping[str, torch.Tensor],
                         window_length: int, steps: int | None = None,
                         q0: torch.Tensor | None = None,
@@ -219,37 +250,73 @@ def closed_loop_rollout(actuator: ActuatorFn, step: StepFn, block: Mapping[str, 
     reads, and optionally ``pad`` (B, L − 1 + T). ``steps`` defaults to T − 1. ``q0``/``qd0``
     (B, n) replace the recorded start state (noise in training; qd = 0 in the evaluation
     protocol).
+
+    An actuator that splits into a per-frame token function and a window network
+    (``frame_wise`` true, ``frame_tokens(frames)`` on (B, T, n) channels -> (B, T, d),
+    ``forward_tokens(tokens)`` on (B, L, d), as :class:`~nactuator.models.NeuralActuator`
+    without a physics actuator does) is rolled out
+    frame-wise: each frame's token is built once, when its state exists, and every window
+    is a stack of L tokens, instead of slicing, stacking and normalising L frames of every
+    channel at every step (:func:`closed_loop_rollout_stepwise`, the same function of the
+    inputs; the tokens are bit-identical, gradients agree to float rounding).
     """
-    before = _frames_before(window_length)
-    frames = block["q"].shape[1]
-    steps = frames - before - 1 if steps is None else int(steps)
-    if steps < 1 or frames < before + steps + 1:
-        raise ValueError(
-            f"the block has {frames} frames; {steps} rollout step(s) with window length "
-            f"{window_length} need {window_length + max(steps, 1)} (L - 1 before the start, "
-            "the start frame and one frame per step)")
+    if not getattr(actuator, "frame_wise", False):
+        return closed_loop_rollout_stepwise(actuator, step, block, window_length, steps,
+                                            q0, qd0)
+    before, steps = _check_steps(block, window_length, steps)
+    recorded = [k for k in RECORDED_KEYS if k in block]
+    start = before  # the start frame's index in the block
+    q, qd = (block["q"][:, start] if q0 is None else q0,
+             block["qd"][:, start] if qd0 is None else qd0)
+    # The first window: recorded frames before the start, then the start state.
+    first = {k: block[k][:, :window_length] for k in recorded}
+    first["q"] = torch.cat([block["q"][:, :before], q.unsqueeze(1)], dim=1)
+    first["qd"] = torch.cat([block["qd"][:, :before], qd.unsqueeze(1)], dim=1)
+    if "pad" in block:
+        first["pad"] = block["pad"][:, :window_length]
+    tokens = list(actuator.frame_tokens(first).unbind(1))
+    qs, qds = [q], [qd]
+    outs: dict[str, list[torch.Tensor]] = {k: [] for k in _OUTPUT_KEYS}
+    for i in range(steps):
+        out = actuator.forward_tokens(torch.stack(tokens[i : i + window_length], dim=1))
+        tau = _finish(out, outs, i)
+        q, qd = step(q, qd, tau)
+        qs.append(q)
+        qds.append(qd)
+        if i + 1 < steps:  # the token of the frame the next window ends on
+            frame = start + i + 1
+            new = {k: block[k][:, frame : frame + 1] for k in recorded}
+            new["q"], new["qd"] = q.unsqueeze(1), qd.unsqueeze(1)
+            if "pad" in block:
+                new["pad"] = block["pad"][:, frame : frame + 1]
+            tokens.append(actuator.frame_tokens(new)[:, 0])
+    stacked = {k: torch.stack(v, dim=1) for k, v in outs.items()}
+    return Rollout(q=torch.stack(qs, dim=1), qd=torch.stack(qds, dim=1), **stacked)
+
+
+def closed_loop_rollout_stepwise(actuator: ActuatorFn, step: StepFn,
+                                 block: Mapping[str, torch.Tensor], window_length: int,
+                                 steps: int | None = None, q0: torch.Tensor | None = None,
+                                 qd0: torch.Tensor | None = None) -> Rollout:
+    """:func:`closed_loop_rollout` for any actuator callable: every step slices the L
+    frames of every channel into a window and calls ``actuator(window)``. The definition
+    the frame-wise path is checked against (tests/test_rollout_fused.py), and the
+    baseline ``bench/train.py`` measures it against."""
+    before, steps = _check_steps(block, window_length, steps)
     recorded = [k for k in RECORDED_KEYS if k in block]
     qs = [*block["q"][:, :before].unbind(1), block["q"][:, before] if q0 is None else q0]
     qds = [*block["qd"][:, :before].unbind(1), block["qd"][:, before] if qd0 is None else qd0]
-    outs: dict[str, list[torch.Tensor]] = {k: [] for k in
-                                           ("tau", "force", "gate", "gate_logit", "condition",
-                                            "condition_logit")}
+    outs: dict[str, list[torch.Tensor]] = {k: [] for k in _OUTPUT_KEYS}
     for i in range(steps):
         window = {k: block[k][:, i : i + window_length] for k in recorded}
         window["q"] = torch.stack(qs[i : i + window_length], dim=1)
         window["qd"] = torch.stack(qds[i : i + window_length], dim=1)
         if "pad" in block:
             window["pad"] = block["pad"][:, i : i + window_length]
-        out = actuator(window)
-        if not torch.isfinite(out["tau"]).all():
-            raise NonFiniteRollout(f"non-finite torque predicted at rollout step {i}")
-        q_next, qd_next = step(qs[-1], qds[-1], out["tau"])
+        tau = _finish(actuator(window), outs, i)
+        q_next, qd_next = step(qs[-1], qds[-1], tau)
         qs.append(q_next)
         qds.append(qd_next)
-        batch = out["tau"].shape[0]
-        for key in outs:
-            value = out[key]
-            outs[key].append(value.reshape(batch) if key.startswith("gate") else value)
     stacked = {k: torch.stack(v, dim=1) for k, v in outs.items()}
     return Rollout(q=torch.stack(qs[before:], dim=1), qd=torch.stack(qds[before:], dim=1),
                    **stacked)

@@ -92,6 +92,23 @@ class NeuralActuator(nn.Module):
         (replays recorded telemetry of the motion it predicts)."""
         return actuator_mode(self.inputs)
 
+    @property
+    def frame_wise(self) -> bool:
+        """True when the output is ``forward_tokens(frame_tokens(window))``: the tokens are
+        a per-frame function of the channels, so a rollout builds each frame's token once
+        (:func:`nactuator.rollout.closed_loop_rollout`). A physics actuator reads the raw
+        window, so it is not."""
+        return self.physics is None
+
+    def frame_tokens(self, frames: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Normalised tokens (B, T, n_in) of T frames (channels (B, T, n)): frame by frame
+        what :meth:`forward` feeds the network."""
+        return self.feature_builder(frames)
+
+    def forward_tokens(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The network on one window of tokens (B, L, n_in) (no physics actuator)."""
+        return self.net(tokens)
+
     def forward(self, window: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = self.net(self.feature_builder(window))
         if self.physics is not None:
