@@ -346,13 +346,16 @@ class _Launches:
 
     def __init__(self, kernel: wp.Kernel, vec_n: type, params: list, batch: int,
                  device: str) -> None:
-        def arrays() -> list[wp.array]:
-            return [wp.zeros(batch, dtype=vec_n, device=device) for _ in range(5)]
-
-        self.values, self.adjoints = arrays(), arrays()  # q, qd, f, q1, qd1
-        # torch views of the same memory (no copies): what forward/backward read and write
-        self.value_views = [wp.to_torch(a) for a in self.values]
-        self.adjoint_views = [wp.to_torch(a) for a in self.adjoints]
+        n = vec_n._length_
+        # q, qd, f, q1, qd1 (values) and their adjoints, each one (5, B, n) torch tensor
+        # whose rows the Warp arrays view (no copies): loading, zeroing and reading several
+        # rows is one torch op instead of one per row.
+        self.value_rows = torch.zeros(5, batch, n, dtype=torch.float32, device=device)
+        self.adjoint_rows = torch.zeros(5, batch, n, dtype=torch.float32, device=device)
+        self.values = [wp.from_torch(row, dtype=vec_n) for row in self.value_rows]
+        self.adjoints = [wp.from_torch(row, dtype=vec_n) for row in self.adjoint_rows]
+        self.value_views = list(self.value_rows.unbind(0))
+        self.adjoint_views = list(self.adjoint_rows.unbind(0))
         inputs, outputs = [*self.values[:3], *params], self.values[3:]
         self.step = wp.launch(kernel, dim=batch, inputs=inputs, outputs=outputs, device=device,
                               record_cmd=True)
@@ -362,8 +365,7 @@ class _Launches:
                                  record_cmd=True)
 
     def load_inputs(self, tau: torch.Tensor, q: torch.Tensor, qd: torch.Tensor) -> None:
-        for view, x in zip(self.value_views[:3], (q, qd, tau), strict=True):
-            view.copy_(x)
+        torch.stack((q, qd, tau), out=self.value_rows[:3])
 
 
 class ChainEngine:
@@ -414,10 +416,9 @@ class ChainEngine:
         """Gradients of (tau, q, qd) from those of the step's outputs (q1, qd1)."""
         run = self.launches(q.shape[0])
         run.load_inputs(tau, q, qd)
-        adj_q, adj_qd, adj_f, adj_q1, adj_qd1 = run.adjoint_views
-        for view in (adj_q, adj_qd, adj_f):
-            view.zero_()  # the adjoint accumulates into these
-        adj_q1.copy_(grad_q)  # ...and consumes (zeroes) these
-        adj_qd1.copy_(grad_qd)
+        run.adjoint_rows[:3].zero_()  # the adjoint accumulates into q, qd, f ...
+        # ... and consumes (zeroes) q1, qd1 (autograd materialises unused outputs' zeros)
+        torch.stack((grad_q, grad_qd), out=run.adjoint_rows[3:])
         run.adjoint.launch()
-        return adj_f.clone(), adj_q.clone(), adj_qd.clone()
+        adj_q, adj_qd, adj_f = run.adjoint_rows[:3].clone().unbind(0)
+        return adj_f, adj_q, adj_qd
