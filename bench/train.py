@@ -22,7 +22,9 @@ backward on a (B, L, n_in) token batch, times H (measured in isolation, same pro
 Floor: the network's FLOPs (``FlopCounterMode``, forward + backward) at this core's
 measured matmul rate on the network's own widest layer shape, plus an H-step simulator
 rollout with gradients at the same B (``Simulator.rollout`` forward + backward, the rate
-bench/sim.py measures). One torch thread. Prints one markdown table.
+bench/sim.py measures). A second table times the evaluation rollout (validation, ``eval``:
+eval mode, no autograd) of the same batches on both paths. One torch thread. Prints
+markdown tables.
 """
 
 from __future__ import annotations
@@ -186,7 +188,7 @@ def measure(module, batch_data, batch: int, horizon: int, repeats: int) -> dict:
     import nactuator.training.module as training_module
 
     results = {path: (float("inf"), 0.0) for path in PATHS}
-    for path, fn in zip(PATHS, (stepwise, framewise), strict=True):  # warm-up (per-B state)
+    for fn in (stepwise, framewise):  # warm-up (per-B state)
         training_module.closed_loop_rollout = fn
         training_step(module, optimizer, batch_data)
     for _ in range(repeats):  # interleaved: both paths see the same machine load
@@ -200,11 +202,20 @@ def measure(module, batch_data, batch: int, horizon: int, repeats: int) -> dict:
             if seconds < results[path][0]:
                 results[path] = (seconds, clock.seconds)
     training_module.closed_loop_rollout = framewise
+    # The validation/eval rollout: the same block, eval mode, no autograd.
+    evaluation = {path: float("inf") for path in PATHS}
+    block = {k: v for k, v in batch_data.items() if v.ndim >= 2}
+    step = module.simulator.step
+    with rollout_mod.eval_mode(module.actuator), torch.no_grad():
+        for _ in range(repeats):
+            for path, fn in zip(PATHS, (stepwise, framewise), strict=True):
+                evaluation[path] = min(evaluation[path], best_of(
+                    1, lambda fn=fn: fn(module.actuator, step, block, module.window_length)))
     net_s, flops = network_cost(module, batch, repeats)
     rate = matmul_rate(module, batch, repeats)
     sim_floor = simulator_rollout(module, batch, horizon, repeats)
-    return {"paths": results, "model": horizon * net_s, "flops": flops, "rate": rate,
-            "floor": horizon * flops / rate + sim_floor}
+    return {"paths": results, "eval": evaluation, "model": horizon * net_s, "flops": flops,
+            "rate": rate, "floor": horizon * flops / rate + sim_floor}
 
 
 def main() -> None:
@@ -263,6 +274,12 @@ def main() -> None:
                   f"{seconds:.3f} | {100 * sim_s / seconds:.0f} % | "
                   f"{100 * model_s / seconds:.0f} % | {100 * over / seconds:.0f} % | "
                   f"{old / seconds:.2f}x | {m['floor']:.3f} | {seconds / m['floor']:.1f}x |")
+    print("\nEvaluation rollout of the same batches (eval mode, no autograd), arm-steps/s:\n")
+    print("| B | H | stepwise | frame-wise | ratio |\n|---|---|---|---|---|")
+    for batch, horizon, m in rows:
+        old, new = m["eval"]["stepwise"], m["eval"]["frame-wise"]
+        print(f"| {batch} | {horizon} | {batch * horizon / old:,.0f} | "
+              f"{batch * horizon / new:,.0f} | {old / new:.2f}x |")
     m = rows[0][2]
     print(f"\nnetwork forward + backward: {m['flops'] / 1e6:.2f} MFLOP per window batch at "
           f"B = {rows[0][0]}; matmul rate {m['rate'] / 1e9:.1f} GFLOP/s on (B·L, d) @ (d, 4d)")
