@@ -16,9 +16,12 @@ def test_bench_train_quick_prints_both_paths():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "train.py"), "--quick"],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = [line.split("|") for line in out.stdout.splitlines()
-            if line.startswith("| 2 | 4 |")]
+    cells = [line.split("|") for line in out.stdout.splitlines()
+             if line.startswith("| 2 | 4 |")]
+    rows = [r for r in cells if len(r) == 13]  # the training-step table (11 columns)
     assert [r[3].strip() for r in rows] == ["stepwise", "frame-wise"]
+    (evaluation,) = [r for r in cells if len(r) == 7]  # the evaluation-rollout table
+    assert float(evaluation[3].replace(",", "")) > 0 < float(evaluation[4].replace(",", ""))
     for row in rows:
         arm_steps, step_s, floor_s = (float(row[i].replace(",", "")) for i in (4, 5, 10))
         # arm-steps/s is B x H / step time (both printed rounded)

@@ -190,7 +190,8 @@ def test_gradient_reaches_the_first_rollout_step(so101_data):
     module = built(make_module(), dm)
     batch = first_batch(dm)
     outputs: list[dict[str, torch.Tensor]] = []
-    hook = module.actuator.register_forward_hook(lambda m, i, out: outputs.append(out))
+    # the network runs once per step on both rollout paths (window or frame-wise tokens)
+    hook = module.actuator.net.register_forward_hook(lambda m, i, out: outputs.append(out))
     r = module(batch)
     hook.remove()
     assert len(outputs) == 6
