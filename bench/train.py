@@ -45,6 +45,7 @@ import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from nactuator import rollout as rollout_mod  # noqa: E402
+from nactuator.platforms import load_platform  # noqa: E402
 from nactuator.sim.check import start_states  # noqa: E402
 from nactuator.training.module import NeuralActuatorModule  # noqa: E402
 
@@ -240,9 +241,7 @@ def main() -> None:
             batches, stats = nad_batches(source, Path(tmp), sizes)
             what = f"real NAD {PLATFORM} files ({source})"
         else:
-            platform = make_module({k: {"mean": [0.0] * 6, "std": [1.0] * 6} for k in
-                                    ("q_cmd", "q", "qd", "effort", "voltage", "temperature",
-                                     "error")}).platform
+            platform = load_platform(PLATFORM)
             made = {s: random_batch(platform, *s) for s in sizes}
             batches = {s: made[s][0] for s in sizes}
             stats = made[sizes[0]][1]

@@ -39,10 +39,14 @@ def _block(seed: int = 1) -> dict[str, torch.Tensor]:
     return block
 
 
+@pytest.fixture(scope="module")
+def sim() -> Simulator:
+    return Simulator("so101")
+
+
 @pytest.mark.parametrize("features", [["command", "state", "telemetry", "error"],
                                       ["state", "enable", "supply"]])
-def test_frame_wise_rollout_is_the_stepwise_rollout(features):
-    sim = Simulator("so101")
+def test_frame_wise_rollout_is_the_stepwise_rollout(features, sim):
     actuator = _actuator(features)
     assert actuator.frame_wise
     results, grads = [], []
