@@ -270,7 +270,7 @@ def main() -> None:
             model_s = min(m["model"], seconds - sim_s)
             over = max(seconds - sim_s - model_s, 0.0)
             print(f"| {batch} | {horizon} | {path} | {batch * horizon / seconds:,.0f} | "
-                  f"{seconds:.3f} | {100 * sim_s / seconds:.0f} % | "
+                  f"{seconds:.4f} | {100 * sim_s / seconds:.0f} % | "
                   f"{100 * model_s / seconds:.0f} % | {100 * over / seconds:.0f} % | "
                   f"{old / seconds:.2f}x | {m['floor']:.3f} | {seconds / m['floor']:.1f}x |")
     print("\nEvaluation rollout of the same batches (eval mode, no autograd), arm-steps/s:\n")
