@@ -75,6 +75,7 @@ def case(tmp_path_factory):
     return {"root": root, "data": data, "ckpt": ckpt}
 
 
+@pytest.mark.slow  # ~60 s on 2 cores (every baseline fitted); `make test-slow-sample` runs it in CI
 def test_eval_cli_adds_one_row_per_baseline_to_every_table(case, capsys):
     out = case["root"] / "eval_all"
     assert main(["eval", "--ckpt", str(case["ckpt"]), "--data", str(case["data"]),
