@@ -145,6 +145,18 @@ def _plan(a: argparse.Namespace) -> int:
     return 0
 
 
+def _correct(a: argparse.Namespace) -> int:
+    _check_model_paths(a.ckpt)
+    from nactuator.correction import run
+
+    if a.action == "fit":
+        print(run.fit(a.config, a.ckpt, a.out, device=a.device))
+    else:
+        print(run.evaluate(a.config, a.ckpt, a.residual or os.path.join(a.out, "residual.pt"),
+                           out=a.out, device=a.device))
+    return 0
+
+
 def _infer(a: argparse.Namespace) -> int:
     _check_model_paths(a.ckpt)
     from nactuator.eval.infer import infer
@@ -502,6 +514,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the hidden world's servos and noise")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.set_defaults(func=_plan)
+
+    s = sub.add_parser("correct", help="residual action correction: learn corrected commands "
+                       "through a counterfactual model + simulator (fit), judge them in the "
+                       "hidden world (eval)")
+    s.add_argument("action", choices=["fit", "eval"])
+    s.add_argument("--ckpt", required=True, help="a counterfactual checkpoint (" + CKPT_HELP
+                   + ")")
+    s.add_argument("--config", default=None,
+                   help="correction YAML (default: conf/correction/so101.yaml)")
+    s.add_argument("--out", required=True,
+                   help="folder: fit writes residual.pt and fit.json; eval writes eval.json, "
+                        "eval.md and correction.png")
+    s.add_argument("--residual", default=None,
+                   help="eval: the residual file (default: OUT/residual.pt)")
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    s.set_defaults(func=_correct)
 
     s = sub.add_parser("infer", help="causal force/gate/condition from telemetry (no simulator)")
     s.add_argument("--ckpt", required=True, help=MODEL_HELP)

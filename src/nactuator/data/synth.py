@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nactuator.constants import GRAVITY
 from nactuator.data.schema import REQUIRED_KEYS, DataFormatError
 from nactuator.data.writer import DatasetWriter
 from nactuator.platforms import Platform, conf_dir, load_platform
@@ -135,14 +136,17 @@ def run_tasks(
 
 def replay_commands(platform: Platform, commands: np.ndarray, q0: np.ndarray,
                     world: str | None = None, seed: int = 0, kp: float | None = None,
-                    temperature: float | None = None) -> dict[str, np.ndarray]:
+                    temperature: float | None = None,
+                    payload_kg: float = 0.0) -> dict[str, np.ndarray]:
     """Run command sequences in the hidden world and log them as :func:`run_tasks` does.
 
     ``commands`` (S, T, n): S sequences of T goals, all started at rest at ``q0`` (n,) after
     the world's settle time, each on its own arm with the same noise stream. ``world`` is a
     world YAML (default ``conf/world/<platform>.yaml``) resolved with ``seed``. ``kp`` sets
     the Position P gain register of every motor (default: the world's); ``temperature`` the
-    motors' starting temperature (default: ambient + the middle of ``initial_rise``). Frame
+    motors' starting temperature (default: ambient + the middle of ``initial_rise``);
+    ``payload_kg`` hangs a mass at the end effector for the whole run (its weight, -m g along
+    base z, as the world's payload tasks apply it). Frame
     k holds the telemetry read just before goal k is written, so ``q[:, k + 1]`` is the
     response to ``commands[:, k]``. Returns (S, T, n) arrays q, qd, voltage, temperature,
     effort, q_cmd, and ``kp`` (n,): the gain that ran.
@@ -163,6 +167,8 @@ def replay_commands(platform: Platform, commands: np.ndarray, q0: np.ndarray,
         temperature = float(params.thermal["ambient"]) + 0.5 * (lo + hi)
     world.reset(np.broadcast_to(np.asarray(q0, dtype=np.float64), (sequences, n)),
                 temperature=temperature)
+    if payload_kg:
+        world.set_external_force([0.0, 0.0, -float(payload_kg) * GRAVITY])
     world.step(float(params.physics["settle_seconds"]))
     keys = ("q", "qd", "voltage", "temperature", "effort")
     logs = {k: np.zeros((sequences, frames, n)) for k in (*keys, "q_cmd")}
@@ -175,6 +181,19 @@ def replay_commands(platform: Platform, commands: np.ndarray, q0: np.ndarray,
         world.step(platform.control_dt)
     logs["kp"] = np.asarray(world.servo.p["kp"], dtype=np.float64).reshape(-1)[:n].copy()
     return logs
+
+
+def task_targets(platform: Platform, tasks: list[str], reps: range, seed: int,
+                 seconds: float | None = None,
+                 world: str | None = None) -> list[tuple[str, int, np.ndarray]]:
+    """The commanded joint trajectories (T, n) of the world's task plans, no simulation.
+
+    One per (task, repetition): what a task planner intends the joint to do, e.g. the
+    targets a residual correction learns to reach (``nactuator correct``)."""
+    params = load_world(platform, world, seed)
+    kin = Kinematics(platform) if platform.n > 1 else None
+    return [(task, r, plan_episode(platform, params, kin, task, r, seed, seconds).q_goal)
+            for task in tasks for r in reps]
 
 
 def _portable_source(source: str) -> str:
