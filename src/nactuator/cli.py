@@ -153,7 +153,7 @@ def _correct(a: argparse.Namespace) -> int:
         print(run.fit(a.config, a.ckpt, a.out, device=a.device))
     else:
         print(run.evaluate(a.config, a.ckpt, a.residual or os.path.join(a.out, "residual.pt"),
-                           out=a.out, device=a.device))
+                           out=a.out, world_seed=a.world_seed, device=a.device))
     return 0
 
 
@@ -528,6 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "eval.md and correction.png")
     s.add_argument("--residual", default=None,
                    help="eval: the residual file (default: OUT/residual.pt)")
+    s.add_argument("--world-seed", type=int, default=None,
+                   help="eval: the hidden arm the commands run on (default: the config's "
+                        "eval.world_seed)")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.set_defaults(func=_correct)
 

@@ -208,10 +208,13 @@ def _markdown(report: dict) -> str:
 
 def evaluate(config: str | os.PathLike | None, ckpt: str | os.PathLike,
              residual: str | os.PathLike, out: str | os.PathLike | None = None,
-             device: str = "cpu") -> str:
+             world_seed: int | None = None, device: str = "cpu") -> str:
     """Held-out targets, uncorrected vs corrected, in the world per payload (and the model's
-    own prediction for reference). Writes eval.json, eval.md and correction.png to ``out``."""
+    own prediction for reference). Writes eval.json, eval.md and correction.png to ``out``.
+    ``world_seed`` replaces the config's ``eval.world_seed`` (another hidden arm)."""
     cfg = load_config(config)
+    if world_seed is not None:
+        cfg["eval"]["world_seed"] = int(world_seed)
     actuator, platform, sim = _load(ckpt, cfg["platform"], device)
     policy = load_policy(residual).to(sim.device)
     targets, labels = _targets(platform, cfg, "eval")
