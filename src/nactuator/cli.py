@@ -518,7 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("correct", help="residual action correction: learn corrected commands "
                        "through a counterfactual model + simulator (fit), judge them in the "
                        "hidden world (eval)")
-    s.add_argument("action", choices=["fit", "eval"])
+    s.add_argument("action", choices=["fit", "eval"],
+                   help="fit: train the residual on the config's training targets; eval: "
+                        "replay target vs corrected commands in the hidden world")
     s.add_argument("--ckpt", required=True, help="a counterfactual checkpoint (" + CKPT_HELP
                    + ")")
     s.add_argument("--config", default=None,
