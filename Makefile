@@ -24,8 +24,12 @@ setup:
 	$(PY) -c "import nactuator, warp, newton, lightning, lerobot.motors.feetech, lerobot.motors.dynamixel; print('nactuator setup ok')"
 	@echo "activate the environment to get the nactuator command: source $(VENV)/bin/activate"
 
+# Two worker processes (pytest-xdist): the suite is one process's imports and child trainings
+# end to end, so a second core halves it. TEST_JOBS=1 runs it in one process; auto uses every core.
+TEST_JOBS ?= 2
+
 test:
-	$(PY) -m pytest -q --durations=10
+	$(PY) -m pytest -q -n $(TEST_JOBS) --durations=10
 
 # A bounded sample of the slow tests (`.ci/run` runs it after `make test`; 339 s measured
 # with the 2 cores at a load average of 6, DDP the longest at 104 s): DDP with 2 processes, the Newton closed-loop FD on every platform (the fast

@@ -32,6 +32,8 @@ SHORTER = [
     (r"^(nactuator cv .*?)--max-folds \d+(.*?) -- (.*)$", rf"\1--max-folds 1\2 -- \3 {TINY_TRAIN}"),
     (r"^(nactuator policy (?:demos|eval) .*)$", r"\1 --episodes 1"),
     (r"^(nactuator policy fit .*)$", r"\1 --max-steps 2"),
+    (r"^(nactuator collect .*)--episodes \d+ --sweep-seconds \d+",
+     r"\1--episodes 1 --sweep-seconds 2"),
     (r"^(nactuator sweep .*?)--max-runs \d+(.*)$",
      r"\1--max-runs 1\2 -- --trainer.max_epochs=1 --data.samples_per_epoch=8"),
 ]
