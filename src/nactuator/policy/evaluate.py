@@ -49,7 +49,7 @@ def load_policy(path: str | Path) -> tuple[PolicyNet, dict]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no policy file (run `nactuator policy fit` first)")
-    payload = torch.load(path, map_location="cpu", weights_only=False)
+    payload = torch.load(path, map_location="cpu", weights_only=True)  # a user file runs no code
     if not isinstance(payload, dict) or payload.get("format") != POLICY_FORMAT:
         raise UserError(f"{path}: not a nactuator policy file (format {POLICY_FORMAT})")
     hp = {k: payload["hparams"][k] for k in ("d_in", "n_out", "history", "width", "depth",

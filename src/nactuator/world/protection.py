@@ -18,6 +18,7 @@ the STS3215, the XM430 e-manual for DYNAMIXEL; the addresses are in
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 
 import numpy as np
@@ -35,7 +36,7 @@ XM_CURRENT_UNIT = 0.00269  # A per Current_Limit count (XM430)
 XM_OVERLOAD_BIT = 1 << 5  # Hardware Error Status bit 5
 
 
-class Protection:
+class Protection(ABC):
     """Common state: per-motor timers over threshold and the latched error bits."""
 
     def __init__(self, n_envs: int, n: int) -> None:
@@ -58,9 +59,10 @@ class Protection:
         """The firmware's output after protections (before the H-bridge)."""
         return pwm
 
+    @abstractmethod
     def update(self, current: np.ndarray, duty: np.ndarray, torque_enabled: np.ndarray,
-               dt: float) -> np.ndarray:  # pragma: no cover - abstract
-        raise NotImplementedError
+               dt: float) -> np.ndarray:
+        """Advance the timers one physics step; returns the torque-enable mask to apply."""
 
 
 class FeetechProtection(Protection):
