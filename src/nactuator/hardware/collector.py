@@ -31,6 +31,7 @@ import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from nactuator.data.writer import DatasetWriter
 from nactuator.hardware.bus import TelemetryBus, TelemetryFrame
 from nactuator.hardware.open import open_bus
 from nactuator.hardware.port import BusError
-from nactuator.hardware.recorder import EpisodeBuffer, save_episode
+from nactuator.hardware.recorder import EpisodeBuffer, run_episode, save_episode
 from nactuator.hardware.signals import sigterm_as_interrupt
 from nactuator.hardware.timing import FixedRate
 from nactuator.platforms import Platform, load_platform
@@ -342,17 +343,9 @@ def _collect(p: Platform, port: str, base: np.ndarray, episodes: int, out: Path,
             bar = progress_bar(total=len(commands), desc=f"collect {ep + 1}/{episodes}",
                                unit="frame", disable=not progress, leave=True)
             stats: dict = {}
-            error: BaseException | None = None
-            try:
-                violation = _collect_episode(bus, guard, commands, buf, fps, bar, stats, stop)
-            except KeyboardInterrupt as e:
-                stopped_by = str(e.args[0]) if e.args else "Ctrl-C"
-            except BaseException as e:  # save what was collected, then re-raise
-                error = e
-            finally:
-                bar.close()
-            if stopped_by is None and stop is not None and stop.is_set():
-                stopped_by = "the stop event"
+            violation, stopped_by, error = run_episode(
+                partial(_collect_episode, bus, guard, commands, buf, fps, bar, stats, stop),
+                bar, stop)
             meta.update(stats, interrupted=bool(stopped_by or error or violation),
                         safety_stop=violation)
             if len(buf):

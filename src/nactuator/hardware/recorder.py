@@ -26,6 +26,8 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,7 @@ log = logging.getLogger(__name__)
 G = 9.81  # NAD payload labels use g = 9.81
 MIN_VALID_FRACTION = 0.9  # default share of frames with complete follower telemetry
 
-__all__ = ["EpisodeBuffer", "RecordingQualityError", "record", "save_episode"]
+__all__ = ["EpisodeBuffer", "RecordingQualityError", "record", "run_episode", "save_episode"]
 
 
 class RecordingQualityError(BusError):
@@ -123,6 +125,28 @@ def _ramp_to(follower: TelemetryBus, target: np.ndarray, seconds: float, fps: fl
         pace.wait()
     log.warning("follower did not reach the leader's pose within %.1f s (worst joint off by "
                 "%.3f); recording anyway", settle_s, off)
+
+
+def run_episode(loop: Callable[[], Any], bar: Any, stop: threading.Event | None
+                ) -> tuple[Any, str | None, BaseException | None]:
+    """Run one episode's loop so that whatever ends it, what it buffered can still be saved.
+
+    Returns ``(the loop's result, stopped_by, error)``: a Ctrl-C (or SIGTERM, raised as one)
+    or the ``stop`` event ends the episode with ``stopped_by`` saying which; any other
+    exception is returned for the caller to re-raise after the save (record and collect).
+    """
+    result, stopped_by, error = None, None, None
+    try:
+        result = loop()
+    except KeyboardInterrupt as e:
+        stopped_by = str(e.args[0]) if e.args else "Ctrl-C"
+    except BaseException as e:  # save what was buffered, then re-raise
+        error = e
+    finally:
+        bar.close()
+    if stopped_by is None and stop is not None and stop.is_set():
+        stopped_by = "the stop event"
+    return result, stopped_by, error
 
 
 def save_episode(writer: DatasetWriter, buf: EpisodeBuffer, task: str, split: str,
@@ -267,22 +291,13 @@ def _record(p: Platform, leader: str, follower: str, task: str, episodes: int,
                                desc=f"episode {ep + 1}/{episodes}", unit="frame",
                                disable=not progress, leave=True)
             stats: dict = {}
-            error: BaseException | None = None
             before = dict(foll_bus.counters)
             if viewer is not None:
                 viewer.log_event(time.monotonic() - viewer_t0,
                                  f"episode {ep + 1}/{episodes} ({task!r}) starts")
-            try:
-                _record_episode(lead_bus, foll_bus, buf, seconds, fps, bar, stats, stop,
-                                viewer, viewer_t0)
-            except KeyboardInterrupt as e:
-                stopped_by = str(e.args[0]) if e.args else "Ctrl-C"
-            except BaseException as e:  # save what was recorded, then re-raise
-                error = e
-            finally:
-                bar.close()
-            if stopped_by is None and stop is not None and stop.is_set():
-                stopped_by = "the stop event"
+            _, stopped_by, error = run_episode(
+                partial(_record_episode, lead_bus, foll_bus, buf, seconds, fps, bar, stats, stop,
+                        viewer, viewer_t0), bar, stop)
             delta = {k: v - before[k] for k, v in foll_bus.counters.items()}
             if len(buf):
                 complete = float(np.mean(np.all(np.stack(buf.rows["telemetry_valid"]) == 1,
