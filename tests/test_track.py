@@ -20,6 +20,7 @@ from nactuator.control.track import (
     write_path,
 )
 from nactuator.models import NeuralActuator
+from nactuator.paths import conf_dir
 from nactuator.platforms import load_platform
 
 Q0 = np.array([0.0, -0.5, 0.5, 0.9, 0.0, 0.3])
@@ -251,3 +252,44 @@ def test_a_field_fitted_to_world_point_tracks_learns_the_worlds_dxdu(so101) -> N
     cos = (J * truth).sum() / (np.linalg.norm(J) * np.linalg.norm(truth))
     assert cos > 0.9, cos
     assert np.all(field.jacobian(Q0, p.n)[:, [4, 5]] == 0)  # uncontrolled columns
+
+
+def test_a_saved_field_file_tracks_a_reach_in_the_world(tmp_path, so101) -> None:
+    """`nactuator field fit` → file → `track --method field`: the field loaded from the file
+    gives the same J as the one fitted, and it brings the world's end-effector to the
+    reach's end (judged by the world's own FK, as the kinematic loop is)."""
+    import json
+
+    from nactuator.control.field import fit_field, load_field
+    from nactuator.control.track_run import fit_field_file, track
+    from nactuator.errors import UserError
+
+    p, _ = so101
+    out = tmp_path / "so101.pt"
+    info = fit_field_file(out, platform=p, poses=10, per_pose=5, steps=300)
+    field = load_field(out, expect_platform="so101")
+    assert field.info["samples"] == 50 and field.info["heldout_r2"] > 0.2, field.info
+    # The file holds the fitted weights: a refit from the same seed gives the same J.
+    from nactuator.control.field import collect_perturbations
+    from nactuator.control.track_run import load_track_config
+
+    q0, s = load_track_config(p)
+    joints = s.joints or [j for j in range(p.n) if j not in p.gripper_indices]
+    again, _ = fit_field(collect_perturbations(p, q0, joints, 10, 5, s.horizon, noise=0.0005),
+                         p.n, joints, steps=300)
+    np.testing.assert_allclose(field.jacobian(q0, p.n), again.jacobian(q0, p.n), atol=1e-6)
+    assert info["horizon"] == s.horizon
+
+    path = conf_dir() / "track" / "paths" / "so101_reach.csv"
+    track(path, platform="so101", methods=("field",), field=out, out=tmp_path / "run")
+    run = json.loads((tmp_path / "run" / "track.json").read_text())["runs"][0]
+    assert run["method"] == "field" and run["metrics"]["final_mm"] < 5.0, run["metrics"]
+
+    with pytest.raises(UserError, match="fitted on 'so101', not 'omx'"):
+        load_field(out, expect_platform="omx")
+    bad = tmp_path / "bad.pt"
+    torch.save({"weights": 1}, bad)
+    with pytest.raises(UserError, match="not a Jacobian field file"):
+        load_field(bad)
+    with pytest.raises(UserError, match="--method field and --field FILE go together"):
+        track(path, platform="so101", methods=("field",))

@@ -264,7 +264,19 @@ def _track(a: argparse.Namespace) -> int:
     print(track(a.path, ckpt=a.ckpt, platform=a.platform, methods=tuple(a.method),
                 payloads_g=tuple(a.payload_g), port=a.port, relative=a.relative, out=a.out,
                 config=a.config, world=a.world, seed=a.seed, track_noise=a.track_noise,
-                calibration=a.calibration))
+                calibration=a.calibration, field=a.field))
+    return 0
+
+
+def _field_fit(a: argparse.Namespace) -> int:
+    from nactuator.control.track_run import fit_field_file
+
+    info = fit_field_file(a.out, platform=a.platform, poses=a.poses, per_pose=a.per_pose,
+                          payload_g=a.payload_g, steps=a.steps, noise=a.track_noise,
+                          config=a.config, world=a.world, seed=a.seed)
+    print(f"field: {info['samples']} perturbations ({info['collect_s']:.0f} s in the world), "
+          f"fitted in {info['fit_s']:.0f} s; held-out R² {info['heldout_r2']:.3f}; "
+          f"wrote {a.out}")
     return 0
 
 
@@ -708,8 +720,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--platform", default=None, help=PLATFORM_HELP + " (default: the "
                    "checkpoint's)")
     s.add_argument("--method", nargs="+", default=["kinematic"],
-                   choices=["kinematic", "actuator"],
-                   help="Jacobian(s): rigid FK, or the actuator model + simulator")
+                   choices=["kinematic", "actuator", "field"],
+                   help="Jacobian(s): rigid FK, the actuator model + simulator, or a "
+                        "learned field (--field)")
+    s.add_argument("--field", default=None,
+                   help="a Jacobian field file from `nactuator field fit` (--method field)")
     s.add_argument("--payload-g", nargs="+", type=float, default=[0.0],
                    help="world only: payload(s) hung at the end-effector, not told to the "
                         "controller [g]")
@@ -727,6 +742,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None,
                    help="folder for track.json, track.md, track.png and per-run CSV logs")
     s.set_defaults(func=_track)
+
+    fld = sub.add_parser("field", help="a learned Jacobian field J(q) of the end-effector, "
+                         "fitted to the hidden world's point tracks (for track --method field)")
+    fsub = fld.add_subparsers(dest="field_command", required=True, metavar="ACTION")
+    s = fsub.add_parser("fit", help="random command perturbations around the track config's "
+                        "start pose in the hidden world, then fit and save the field")
+    s.add_argument("--platform", default="so101", help=PLATFORM_HELP)
+    s.add_argument("--out", required=True, help="the field file to write (.pt)")
+    s.add_argument("--poses", type=_positive_int, default=96,
+                   help="random poses within ±0.3 rad of the start pose")
+    s.add_argument("--per-pose", type=_positive_int, default=8,
+                   help="perturbations per pose (±0.04 rad, held the config's horizon)")
+    s.add_argument("--payload-g", type=float, default=0.0,
+                   help="payload hung at the end-effector while collecting [g]")
+    s.add_argument("--steps", type=_positive_int, default=3000, help="Adam steps of the fit")
+    s.add_argument("--track-noise", type=float, default=0.0005,
+                   help="std of the noise on the observed point track [m]")
+    s.add_argument("--config", default=None,
+                   help="start pose and horizon (default conf/track/<platform>)")
+    s.add_argument("--world", default=None, help="world YAML (default conf/world/<platform>)")
+    s.add_argument("--seed", type=int, default=0, help="the hidden world's and the fit's seed")
+    s.set_defaults(func=_field_fit)
     return p
 
 

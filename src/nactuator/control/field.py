@@ -6,17 +6,29 @@ tracked point's motion Δx (the world's own end-effector, plus Gaussian track no
 recorded; a small MLP maps the observation (here the measured joints, no images) to a
 3 × n_u Jacobian and is fitted by ``‖J_θ(q) δu − Δx‖²``. Nothing of the world's model is
 read: only commands in, point tracks out.
+
+``nactuator field fit`` collects, fits and saves a field file (:func:`save_field`: weights
+and sizes only, loaded with ``weights_only=True`` so a file runs no code);
+``nactuator track --method field --field FILE`` tracks with it.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import torch
 
+from nactuator.atomic import atomic_path
 from nactuator.constants import GRAVITY
+from nactuator.errors import UserError
 from nactuator.platforms import Platform
 
-__all__ = ["JacobianField", "collect_perturbations", "fit_field"]
+__all__ = ["FIELD_FORMAT", "JacobianField", "collect_perturbations", "fit_field", "load_field",
+           "save_field"]
+
+FIELD_FORMAT = "nactuator-jacobian-field/1"
 
 
 def collect_perturbations(platform: Platform, q0: np.ndarray, joints: list[int], poses: int,
@@ -53,6 +65,7 @@ class JacobianField(torch.nn.Module):
 
     def __init__(self, n: int, joints: list[int], hidden: int = 64) -> None:
         super().__init__()
+        self.n, self.hidden = n, hidden
         self.joints = list(joints)
         self.net = torch.nn.Sequential(
             torch.nn.Linear(2 * n, hidden), torch.nn.Tanh(),
@@ -100,3 +113,39 @@ def fit_field(data: dict[str, np.ndarray], n: int, joints: list[int], steps: int
         zero = float((dx[te] ** 2).sum(-1).mean())
     return field, {"train_mse": float(value.detach()), "heldout_mse": held,
                    "heldout_r2": 1.0 - held / zero, "samples": len(q)}
+
+
+def save_field(path: str | os.PathLike, field: JacobianField, platform: str,
+               info: dict) -> Path:
+    """One file: the format tag, the platform, the sizes, the weights and ``info`` (how it
+    was collected and how well it fits; plain numbers and strings)."""
+    path = Path(path)
+    payload = {"format": FIELD_FORMAT, "platform": platform, "n": field.n,
+               "joints": field.joints, "hidden": field.hidden,
+               "state_dict": field.state_dict(), "info": info}
+    with atomic_path(path, suffix=".pt") as tmp:
+        torch.save(payload, tmp)
+    return path
+
+
+def load_field(path: str | os.PathLike, expect_platform: str | None = None) -> JacobianField:
+    """A field saved by :func:`save_field`; a clear error for anything else."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--field {path}: no such file (make one with `nactuator field fit`)")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated file, a pickle with code, not a torch file
+        raise UserError(f"--field {path}: not a Jacobian field file ({exc})") from exc
+    if not isinstance(payload, dict) or payload.get("format") != FIELD_FORMAT:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise UserError(f"--field {path}: not a Jacobian field file (expected format "
+                        f"{FIELD_FORMAT!r}, found {found!r})")
+    if expect_platform is not None and payload["platform"] != expect_platform:
+        raise UserError(f"--field {path} was fitted on {payload['platform']!r}, not "
+                        f"{expect_platform!r}")
+    field = JacobianField(int(payload["n"]), [int(j) for j in payload["joints"]],
+                          int(payload["hidden"]))
+    field.load_state_dict(payload["state_dict"])
+    field.info = dict(payload.get("info", {}))
+    return field.eval()

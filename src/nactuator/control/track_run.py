@@ -6,6 +6,10 @@ errors are the world's own end-effector against the path. With ``--port`` the lo
 a servo bus (real or ``nactuator emulate``) through :func:`nactuator.hardware.open.open_bus`:
 torque on at connect, off when the loop ends, however it ends.
 
+``--method field`` tracks with a learned Jacobian field from ``nactuator field fit``
+(:func:`fit_field_file`: world point tracks under random command perturbations around the
+config's start pose, then ``control.field.fit_field``).
+
 Outputs (``--out``): ``track.json`` (settings, metrics per run), ``track.md`` (the table),
 ``track.png`` (target vs tracked paths, error over time) and one ``<method>_<payload>g.csv``
 log per run (t, target, tracked point, joints, commands).
@@ -29,7 +33,7 @@ from .jacobian import ActuatorJacobian, Points
 from .plants import BusPlant, WorldPlant
 from .track import METHODS, Tracker, TrackResult, TrackSettings, read_path, run_tracking
 
-__all__ = ["circle_path", "load_track_config", "track"]
+__all__ = ["circle_path", "fit_field_file", "load_track_config", "track"]
 
 
 def load_track_config(platform: Platform, path: str | os.PathLike | None = None
@@ -79,7 +83,7 @@ def _plot(runs: list[tuple[str, float, TrackResult]], path: Path) -> Path:
     payloads = sorted({g for _, g, _ in runs})
     fig = Figure(figsize=(4.2 * len(payloads), 7.4))
     axes = fig.subplots(2, len(payloads), squeeze=False)
-    colors = {"kinematic": "tab:orange", "actuator": "tab:blue"}
+    colors = {"kinematic": "tab:orange", "actuator": "tab:blue", "field": "tab:green"}
     for col, g in enumerate(payloads):
         top, bottom = axes[0, col], axes[1, col]
         first = True
@@ -131,7 +135,7 @@ def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
           relative: bool = False, out: str | os.PathLike | None = None,
           config: str | os.PathLike | None = None, world: str | None = None,
           seed: int = 0, track_noise: float = 0.0, calibration: str | None = None,
-          threads: int = 1) -> str:
+          threads: int = 1, field: str | os.PathLike | None = None) -> str:
     """Run the closed loop (see the module docstring); returns the table as markdown."""
     import torch
 
@@ -141,6 +145,9 @@ def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise UserError(f"--method {unknown}: expected {list(METHODS)}")
+    if ("field" in methods) != (field is not None):
+        raise UserError("--method field and --field FILE go together (make the file with "
+                        "`nactuator field fit`)")
     actuator = meta = None
     if ckpt is not None:
         from nactuator.models import load_actuator
@@ -159,6 +166,11 @@ def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
     points = Points.end_effector(sim.kinematics)
     aj = (ActuatorJacobian(actuator, sim, points, horizon=settings.horizon)
           if "actuator" in methods else None)
+    learned = None
+    if field is not None:
+        from .field import load_field
+
+        learned = load_field(field, expect_platform=p.name)
 
     runs: list[tuple[str, float, TrackResult]] = []
     where = "hidden world" if port is None else f"bus {port}"
@@ -175,7 +187,8 @@ def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
                 bus.wait_ready()
                 plant = BusPlant(bus, p, points, sim.kinematics)
                 offset = _start_offset(plant, relative, points_path)
-                tracker = Tracker(method, p, sim.kinematics, points, settings, aj)
+                tracker = Tracker(method, p, sim.kinematics, points, settings, aj,
+                                  field=learned)
                 try:
                     runs.append((method, 0.0, run_tracking(plant, tracker, times,
                                                            points_path + offset)))
@@ -187,12 +200,14 @@ def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
                 plant = WorldPlant(p, points, sim.kinematics, q0, payload_kg=grams / 1000.0,
                                    world=world, seed=seed, track_noise=track_noise)
                 offset = _start_offset(plant, relative, points_path)
-                tracker = Tracker(method, p, sim.kinematics, points, settings, aj)
+                tracker = Tracker(method, p, sim.kinematics, points, settings, aj,
+                                  field=learned)
                 runs.append((method, grams, run_tracking(plant, tracker, times,
                                                          points_path + offset)))
     report = {
         "where": where, "path": str(path), "path_seconds": float(times[-1]),
         "checkpoint": None if ckpt is None else str(ckpt), "platform": p.name,
+        "field": None if field is None else str(field),
         "tick_hz": p.fps / settings.period, "settings": json_safe(vars(settings)),
         "world": world or "default", "seed": seed, "track_noise_m": track_noise,
         "runs": [{"method": m, "payload_g": g, "metrics": r.metrics()} for m, g, r in runs],
@@ -212,3 +227,37 @@ def _start_offset(plant, relative: bool, path_points: np.ndarray) -> np.ndarray:
     if not relative:
         return np.zeros(3)
     return plant.read().x[0] - path_points[0]
+
+
+def fit_field_file(out: str | os.PathLike, platform: str | Platform = "so101",
+                   poses: int = 96, per_pose: int = 8, payload_g: float = 0.0,
+                   steps: int = 3000, noise: float = 0.0005,
+                   config: str | os.PathLike | None = None, world: str | None = None,
+                   seed: int = 0, threads: int = 1) -> dict:
+    """``nactuator field fit``: collect ``poses × per_pose`` perturbations in the hidden
+    world around the track config's start pose (its joints and horizon), fit the field,
+    save it to ``out``; returns what was saved as ``info``."""
+    import time
+
+    import torch
+
+    from .field import collect_perturbations, fit_field, save_field
+
+    torch.set_num_threads(threads)
+    p = platform if isinstance(platform, Platform) else load_platform(platform)
+    q0, s = load_track_config(p, config)
+    joints = s.joints or [j for j in range(p.n) if j not in p.gripper_indices]
+    if poses < 2 or per_pose < 1:
+        raise UserError(f"--poses {poses} / --per-pose {per_pose}: need ≥ 2 poses and ≥ 1 "
+                        "perturbation per pose (a hold-out needs samples)")
+    t0 = time.perf_counter()
+    data = collect_perturbations(p, q0, joints, poses, per_pose, s.horizon, noise=noise,
+                                 payload_kg=payload_g / 1000.0, world=world, seed=seed)
+    t1 = time.perf_counter()
+    learned, fit = fit_field(data, p.n, joints, steps=steps, seed=seed)
+    info = {**fit, "poses": poses, "per_pose": per_pose, "horizon": s.horizon,
+            "track_noise_m": noise, "payload_g": payload_g, "world": world or "default",
+            "seed": seed, "collect_s": t1 - t0, "fit_s": time.perf_counter() - t1,
+            "start_pose": q0.tolist()}
+    save_field(out, learned, p.name, info)
+    return info
