@@ -159,4 +159,12 @@ def test_train_summary_names_the_linked_epoch_and_why_and_warns_when_worse():
     assert not any("WARNING" in line for line in lines)
     worse = [{"epoch": 0, "score": 3.0, "joints_deg": 8.6, "joints_command_deg": 2.2}]
     lines = selection_summary(worse, 3.0, "val/score")
-    assert any(line.startswith("WARNING: the linked model is no better") for line in lines)
+    assert any(line.startswith("WARNING: the linked model loses on the joints (command "
+                               "following) on validation") for line in lines)
+    # Losing on force only: the warning says so, and that the joints still win.
+    force_only = [{"epoch": 0, "score": 1.2, "joints_deg": 1.0, "joints_command_deg": 2.2,
+                   "force_n": 0.4, "force_reference_n": 0.3}]
+    warning = [line for line in selection_summary(force_only, 1.2, "val/score")
+               if line.startswith("WARNING")]
+    assert len(warning) == 1 and "loses on the force (the force reference)" in warning[0]
+    assert "joints" not in warning[0].split(";")[0] and "beat command following" in warning[0]

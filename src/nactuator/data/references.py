@@ -20,7 +20,7 @@ import numpy as np
 from nactuator.data.schema import DataFormatError, Episode
 
 __all__ = ["FORCE_FEATURE_KEYS", "LinearForceReference", "command_following", "force_labels",
-           "is_worse", "verdict"]
+           "is_worse", "losing_terms", "verdict"]
 
 FORCE_FEATURE_KEYS = ("effort", "voltage", "temperature", "q", "qd", "q_cmd", "error")
 
@@ -133,5 +133,15 @@ def verdict(figures: dict[str, float],
 
 def is_worse(figures: dict[str, float]) -> bool:
     """True if the model loses to a trivial reference on joints or force."""
-    return (("joints_deg" in figures and figures["joints_deg"] >= figures["joints_command_deg"])
-            or ("force_n" in figures and figures["force_n"] >= figures["force_reference_n"]))
+    return bool(losing_terms(figures))
+
+
+def losing_terms(figures: dict[str, float]) -> list[str]:
+    """What the model loses on, each with the reference it loses to ("the joints (command
+    following)", "the force (the force reference)"); empty when it loses on nothing."""
+    terms = []
+    if "joints_deg" in figures and figures["joints_deg"] >= figures["joints_command_deg"]:
+        terms.append("the joints (command following)")
+    if "force_n" in figures and figures["force_n"] >= figures["force_reference_n"]:
+        terms.append("the force (the force reference)")
+    return terms

@@ -243,7 +243,7 @@ def selection_summary(history: Sequence[dict[str, float]], best_score: Any,
                       monitor: str) -> list[str]:
     """Lines comparing the linked (best) epoch with the last one on validation, with the
     verdict against the trivial references; a warning when the model loses to them."""
-    from nactuator.data.references import is_worse, verdict
+    from nactuator.data.references import losing_terms, verdict
 
     if not history:
         return []
@@ -266,10 +266,18 @@ def selection_summary(history: Sequence[dict[str, float]], best_score: Any,
                      f"its {monitor} (each error over its trivial reference, averaged) is "
                      "lower on the validation episodes")
     row = chosen or final
-    if is_worse(row):
-        lines.append("WARNING: the linked model is no better than a trivial reference on "
+    losing = losing_terms(row)
+    if losing:
+        # Name the term: a counterfactual model (no telemetry in) that beats command
+        # following on the joints but loses on force is doing its job, and a single
+        # "no better" line read as if the whole model were useless.
+        lines.append(f"WARNING: the linked model loses on {' and '.join(losing)} on "
                      "validation; train longer or use a recipe from conf/train/ "
-                     "(docs/training.md)")
+                     "(docs/training.md)" + (
+                         "" if len(losing) > 1 or "joints_deg" not in row
+                         or losing[0].startswith("the joints") else
+                         "; its joints beat command following, so it may serve as a "
+                         "counterfactual model (plan, track, correct) all the same"))
     return lines
 
 
