@@ -22,14 +22,31 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
 from nactuator.errors import UserError
 
-if TYPE_CHECKING:
-    from nactuator.data.schema import Dataset
+
+class StoredEpisode(Protocol):
+    """What :func:`show_episode` reads of one episode (``data.schema.Episode`` has it)."""
+
+    index: int
+    task: str
+    split: str
+    length: int
+    frames: dict[str, np.ndarray]
+
+
+class StoredDataset(Protocol):
+    """What :func:`show_episode` reads of a dataset: a duck type, so the viewer (below
+    ``data`` and ``hardware``) never imports ``data`` (``data.schema.Dataset`` has it)."""
+
+    root: Any
+    fps: float
+    info: dict
+    episodes: list[StoredEpisode]
 
 __all__ = ["ENTITIES", "TIMELINES", "Viewer", "ViewerError", "open_viewer", "show_episode"]
 
@@ -187,7 +204,7 @@ def open_viewer(name: str, channel_names: Sequence[str], rrd: str | Path | None 
     return Viewer(name, channel_names, rrd=rrd, display=display)
 
 
-def show_episode(dataset: Dataset, episode: int, rrd: str | Path | None = None,
+def show_episode(dataset: StoredDataset, episode: int, rrd: str | Path | None = None,
                  display: bool = False) -> str:
     """``nactuator data show``: one stored episode (joints, commands, telemetry, force and
     condition labels) on the episode's own timestamps. Returns a one-line summary."""
