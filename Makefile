@@ -10,7 +10,7 @@ PLATFORM ?= so101
 DATA ?=
 ARGS ?=
 
-.PHONY: setup test test-slow-sample test-all docs-check lint train bench notebook clean lerobot-env lerobot-check
+.PHONY: setup test test-slow-sample test-all docs-check lint train pretrain bench notebook clean lerobot-env lerobot-check
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,12 @@ lint:
 
 train:
 	$(PY) -m nactuator.cli train --platform $(PLATFORM) $(if $(DATA),--data $(DATA)) $(ARGS)
+
+# The shipped pretrained actuator of PLATFORM (conf/pretrain/$(PLATFORM).yaml): synthetic worlds
+# + the NAD files beside the checkout -> src/nactuator/pretrained/$(PLATFORM).{pt,md}
+# (docs/training.md, "Pretrained actuators"). Resumes in runs/pretrain/$(PLATFORM).
+pretrain:
+	$(PY) -m nactuator.cli pretrain --platform $(PLATFORM) $(ARGS)
 
 # The quickstart notebook, executed headless (~10 min): runs/quickstart/quickstart.ipynb keeps
 # every output and plot (the committed notebook has none).

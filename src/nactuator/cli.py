@@ -268,6 +268,14 @@ def _track(a: argparse.Namespace) -> int:
     return 0
 
 
+def _pretrain(a: argparse.Namespace, rest: list[str]) -> int:
+    from nactuator.experiments.pretrain import pretrain
+
+    pretrain(a.platform, a.out or f"runs/pretrain/{a.platform}", config=a.config,
+             bundle=a.bundle, jobs=a.jobs, extra_train_args=[x for x in rest if x != "--"])
+    return 0
+
+
 def _field_fit(a: argparse.Namespace) -> int:
     from nactuator.control.track_run import fit_field_file
 
@@ -742,6 +750,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None,
                    help="folder for track.json, track.md, track.png and per-run CSV logs")
     s.set_defaults(func=_track)
+
+    s = sub.add_parser("pretrain", help="build the shipped pretrained actuator of a platform "
+                       "(synthetic worlds + NAD; `make pretrain`): bundle and model card")
+    s.add_argument("--platform", required=True, help=PLATFORM_HELP)
+    s.add_argument("--config", default=None,
+                   help="the recipe (default conf/pretrain/<platform>.yaml)")
+    s.add_argument("--out", default=None, help="work folder: data, training, evaluation, "
+                   "logs (default runs/pretrain/<platform>); a rerun resumes there")
+    s.add_argument("--bundle", default=None, help="the bundle to write (default the "
+                   "package's pretrained/<platform>.pt; the card goes beside it as .md)")
+    s.add_argument("--jobs", type=_positive_int, default=2,
+                   help="synthetic worlds generated side by side")
+    s.set_defaults(func=_pretrain, passthrough=True)  # after `--`: more `train` arguments
 
     fld = sub.add_parser("field", help="a learned Jacobian field J(q) of the end-effector, "
                          "fitted to the hidden world's point tracks (for track --method field)")

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from nactuator.errors import UserError
 
-__all__ = ["CHECKPOINT", "EXPORT_EXTENSIONS", "MODEL_KINDS", "ONNX", "TORCHSCRIPT",
-           "ModelFileError", "export_format", "model_kind"]
+__all__ = ["CHECKPOINT", "EXPORT_EXTENSIONS", "MODEL_KINDS", "ONNX", "PRETRAINED_PREFIX",
+           "TORCHSCRIPT", "ModelFileError", "export_format", "model_kind", "pretrained_dir",
+           "pretrained_names", "resolve_model_path"]
 
 CHECKPOINT, TORCHSCRIPT, ONNX = "checkpoint", "torchscript", "onnx"
 MODEL_KINDS = (CHECKPOINT, TORCHSCRIPT, ONNX)
@@ -28,8 +29,40 @@ EXPORT_EXTENSIONS = {".pt": TORCHSCRIPT, ".ts": TORCHSCRIPT, ".onnx": ONNX}
 RUN_CHECKPOINTS = ("best.ckpt", "last.ckpt")
 
 
+# `--ckpt pretrained/so101` names a bundle shipped with the package (`make pretrain`).
+PRETRAINED_PREFIX = "pretrained/"
+
+
 class ModelFileError(UserError, ValueError):
     """A path that is not a model file (e.g. a folder); the message says what to pass."""
+
+
+def pretrained_dir() -> Path:
+    """Where the shipped bundles lie: ``$NACTUATOR_PRETRAINED`` if set, else the package's
+    ``pretrained/`` folder (installed with it)."""
+    env = os.environ.get("NACTUATOR_PRETRAINED")
+    return Path(env) if env else Path(__file__).resolve().parent / "pretrained"
+
+
+def pretrained_names() -> list[str]:
+    folder = pretrained_dir()
+    return sorted(p.stem for p in folder.glob("*.pt")) if folder.is_dir() else []
+
+
+def resolve_model_path(path: str | os.PathLike) -> Path:
+    """``path`` itself when it exists; ``pretrained/NAME`` (no such file here) is the shipped
+    bundle ``NAME``, and an unknown name is refused with the names there are."""
+    given = Path(path)
+    text = str(path)
+    if given.exists() or not text.startswith(PRETRAINED_PREFIX):
+        return given
+    name = text[len(PRETRAINED_PREFIX):].removesuffix(".pt")
+    shipped = pretrained_dir() / f"{name}.pt"
+    if shipped.is_file():
+        return shipped
+    have = ", ".join(PRETRAINED_PREFIX + n for n in pretrained_names()) or "none"
+    raise ModelFileError(f"--ckpt {text}: no pretrained actuator {name!r} (shipped: {have}; "
+                         "`make pretrain PLATFORM=...` builds one)")
 
 
 def _folder_hint(folder: Path) -> str:
@@ -45,7 +78,7 @@ def _folder_hint(folder: Path) -> str:
 def model_kind(path: str | os.PathLike) -> str:
     """``"checkpoint"``, ``"torchscript"`` or ``"onnx"`` for an existing file; a one-line
     error naming the path for a missing file or a folder."""
-    path = Path(path)
+    path = resolve_model_path(path)
     if path.is_dir():
         raise ModelFileError(f"{path} is a folder, not a model file; {_folder_hint(path)}")
     if not path.is_file():

@@ -47,6 +47,7 @@ from nactuator.child import run_nactuator
 from nactuator.data.episodes import open_datasets
 from nactuator.data.schema import Episode
 from nactuator.errors import UserError
+from nactuator.model_files import resolve_model_path
 from nactuator.platforms import conf_dir
 from nactuator.training.callbacks import CLOCK_FILE
 
@@ -379,7 +380,7 @@ def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence
                            "--episodes")
     held_split = held_out if held_out is not None else settings["held_out"]
     runs = held_out_runs if held_out_runs is not None else settings["held_out_runs"]
-    ckpt = Path(ckpt).resolve()
+    ckpt = resolve_model_path(ckpt).resolve()  # `pretrained/NAME` names a shipped bundle
     _, meta = load_actuator(ckpt)
     platform = load_platform(meta["platform"])
     datasets = open_datasets(data, platform, owner=f"the checkpoint {ckpt}", error=AdaptError)

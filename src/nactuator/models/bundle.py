@@ -23,7 +23,7 @@ from torch import nn
 from nactuator.atomic import atomic_path
 from nactuator.errors import UserError
 from nactuator.input_filters import InputFilterError, check_spec, legacy_spec
-from nactuator.model_files import CHECKPOINT, model_kind
+from nactuator.model_files import CHECKPOINT, model_kind, resolve_model_path
 from nactuator.models.actuator import NeuralActuator
 
 BUNDLE_FORMAT = "nactuator-actuator/1"
@@ -113,7 +113,7 @@ def _first_line(err: BaseException) -> str:
 def _read(source: str | os.PathLike | Mapping, map_location: Any) -> tuple[dict, str]:
     if isinstance(source, Mapping):
         return dict(source), "<dict>"
-    path = Path(source)
+    path = resolve_model_path(source)
     kind = model_kind(path)
     if kind != CHECKPOINT:
         raise BundleError(f"{path} is an exported {kind} model: infer, live and eval run it, "

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from nactuator.model_files import CHECKPOINT, model_kind
+from nactuator.model_files import CHECKPOINT, model_kind, resolve_model_path
 from nactuator.models.bundle import load_actuator
 from nactuator.models.exported import load_exported
 
@@ -31,6 +31,7 @@ def load_model(source: str | os.PathLike | Mapping, use_ema: bool = True,
     one set of weights, ``meta["weights"]``, and runs on the CPU)."""
     if isinstance(source, Mapping):
         return load_actuator(source, use_ema, map_location, expect_platform)
+    source = resolve_model_path(source)
     kind = model_kind(source)
     if kind == CHECKPOINT:
         return load_actuator(source, use_ema, map_location, expect_platform)
