@@ -99,11 +99,11 @@ def engine_rates(sim: Simulator, batch: int, horizon: int, repeats: int) -> tupl
 
     def forward() -> None:
         with torch.no_grad():
-            sim.rollout(q0, qd0, taus)
+            sim.replay(q0, qd0, taus)
 
     def forward_backward() -> None:
         t = taus.clone().requires_grad_(True)
-        q, qd = sim.rollout(q0, qd0, t)
+        q, qd = sim.replay(q0, qd0, t)
         (q.sum() + qd.sum()).backward()
 
     work = batch * horizon * sim.platform.substeps

@@ -174,7 +174,7 @@ def simulator_rollout(module: NeuralActuatorModule, batch: int, horizon: int,
 
     def run() -> None:
         taus = hold.clone().requires_grad_(True)
-        q, qd = sim.rollout(q0, qd0, taus)
+        q, qd = sim.replay(q0, qd0, taus)
         (q.sum() + qd.sum()).backward()
 
     run()

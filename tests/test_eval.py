@@ -13,7 +13,7 @@ import pytest
 from nactuator.data import DatasetWriter, read_dataset
 from nactuator.eval import EvalDataError, evaluate
 from nactuator.eval.infer import infer
-from nactuator.eval.protocol import rollout
+from nactuator.eval.protocol import episode_rollouts
 from nactuator.models import NeuralActuator, bundle_to_dict, save_bundle
 from nactuator.platforms import load_platform
 
@@ -91,7 +91,7 @@ def test_evaluate_writes_metrics_tables_and_plots(tiny):
 
     assert all(c.kind == "revolute" for c in tiny["platform"].channels)
     episodes = [e for e in tiny["dataset"].episodes if e.split == "test"]
-    rolled = rollout(tiny["actuator"], Simulator(tiny["platform"]), episodes)
+    rolled = episode_rollouts(tiny["actuator"], Simulator(tiny["platform"]), episodes)
     for method, predicted in (("model", [r.q[1:] for r in rolled]),
                               ("command_following", [e.frames["q_cmd"][:-1] for e in episodes])):
         per_episode = [np.degrees(np.abs(x.astype(np.float64) - e.frames["q"][1:])).mean(0)
@@ -115,16 +115,16 @@ def test_rollout_starts_at_recorded_q0_and_follows_the_simulator(tiny):
     platform, actuator = tiny["platform"], tiny["actuator"]
     episodes = [e for e in tiny["dataset"].episodes if e.split == "test"]
     sim = Simulator(platform)
-    ro = rollout(actuator, sim, episodes)
+    ro = episode_rollouts(actuator, sim, episodes)
     assert [r.q.shape for r in ro] == [(120, 6), (60, 6)]
     assert np.allclose(ro[0].q[0], episodes[0].frames["q"][0], atol=1e-6)
     assert np.all(np.isfinite(ro[0].q))
     # Batched rollouts equal one-episode rollouts: episodes do not leak into each other.
-    alone = rollout(actuator, sim, episodes[1:])[0]
+    alone = episode_rollouts(actuator, sim, episodes[1:])[0]
     assert np.abs(alone.q - ro[1].q).max() < 1e-5
     assert np.abs(alone.force - ro[1].force).max() < 1e-5
     assert actuator.training  # the fixture's module is left in the mode it was given
-    again = rollout(actuator, sim, episodes[1:])[0]
+    again = episode_rollouts(actuator, sim, episodes[1:])[0]
     assert np.array_equal(again.q, alone.q)  # an evaluation repeats bit for bit
 
 
@@ -149,7 +149,7 @@ def test_missing_model_input_is_a_clear_error(tiny):
                       frames={k: v for k, v in ep.frames.items() if k != "effort"})
     actuator = tiny["actuator"]
     with pytest.raises(EvalDataError, match="needs channel 'effort' but the data lacks it"):
-        rollout(actuator, Simulator(tiny["platform"]), [broken])
+        episode_rollouts(actuator, Simulator(tiny["platform"]), [broken])
 
 
 def test_empty_split_is_a_clear_error(tiny):

@@ -331,7 +331,7 @@ def test_an_export_drives_the_simulator_rollout_like_its_checkpoint(deployed):
     """eval's rollout (the protocol: start at q[0], qd = 0, never reset) with the exported
     torque: the same simulated trajectory, step after step."""
     from nactuator.eval.episodes import load_episodes
-    from nactuator.eval.protocol import rollout
+    from nactuator.eval.protocol import episode_rollouts
     from nactuator.models import load_model
     from nactuator.platforms import load_platform
     from nactuator.sim import Simulator
@@ -339,11 +339,11 @@ def test_an_export_drives_the_simulator_rollout_like_its_checkpoint(deployed):
     platform = load_platform("so101")
     episodes = load_episodes(deployed["data"], platform, "test")
     sim = Simulator(platform)
-    reference = rollout(load_model(deployed["ckpt"])[0], sim, episodes)
+    reference = episode_rollouts(load_model(deployed["ckpt"])[0], sim, episodes)
     assert [r.q.shape for r in reference] == [(70, 6), (40, 6)]
     for kind in ("torchscript", "onnx"):
         exported, _ = load_model(deployed["files"][kind])
-        for want, got in zip(reference, rollout(exported, sim, episodes), strict=True):
+        for want, got in zip(reference, episode_rollouts(exported, sim, episodes), strict=True):
             assert got.q.shape == want.q.shape
             assert abs(got.q - want.q).max() <= 1e-4, kind
             assert abs(got.tau - want.tau).max() <= 1e-4, kind

@@ -18,7 +18,7 @@ from nactuator.data.importers import import_nad
 from nactuator.data.writer import DatasetWriter
 from nactuator.eval.episodes import load_episodes
 from nactuator.eval.infer import predict_episodes
-from nactuator.eval.protocol import rollout as eval_rollout
+from nactuator.eval.protocol import episode_rollouts as eval_rollout
 from nactuator.input_filters import TELEMETRY_KEYS, input_filter_spec
 from nactuator.models import NeuralActuator
 from nactuator.platforms import load_platform

@@ -213,7 +213,7 @@ def test_the_chain_engine_runs_on_cuda_like_on_cpu(sims):
     results = []
     for sim in (cpu, gpu):
         t = taus.to(sim.device).requires_grad_(True)
-        q, _ = sim.rollout(q0.to(sim.device), qd0.to(sim.device), t)
+        q, _ = sim.replay(q0.to(sim.device), qd0.to(sim.device), t)
         q.sum().backward()
         results.append((q.detach().cpu(), t.grad.cpu()))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=1e-5)

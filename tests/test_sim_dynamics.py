@@ -44,8 +44,8 @@ def test_the_parity_gate_fails_a_model_that_differs_from_mujocos(monkeypatch):
     base = load_platform("so101")
     channels = tuple(dataclasses.replace(c, damping=1.005 * c.damping) for c in base.channels)
     damped = dataclasses.replace(base, channels=channels)
-    reference = parity.mujoco_rollout
-    monkeypatch.setattr(parity, "mujoco_rollout",
+    reference = parity.mujoco_replay
+    monkeypatch.setattr(parity, "mujoco_replay",
                         lambda platform, *a, **k: reference(base, *a, **k))
     res = mujoco_parity(Simulator(damped), batch=2, seed=0)
     assert res["ratio"] <= 2.0, res  # what the old gate accepted
@@ -65,8 +65,8 @@ def test_featherstone_angular_damping_has_no_effect_on_joint_space_arms(newton_s
     q0, qd0 = start_states(base, 2, seed=6)
     taus = tracking_torques(newton_sims["omx"], q0, qd0, 10, seed=6)
     with torch.no_grad():
-        assert torch.equal(newton_sims["omx"].rollout(q0, qd0, taus)[0],
-                           damped.rollout(q0, qd0, taus)[0])
+        assert torch.equal(newton_sims["omx"].replay(q0, qd0, taus)[0],
+                           damped.replay(q0, qd0, taus)[0])
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -75,8 +75,8 @@ def test_repeated_runs_are_bitwise_identical(engine_sims, engine):
     q0, qd0 = start_states(sim.platform, 4, seed=3)
     taus = tracking_torques(sim, q0, qd0, 20, seed=3)
     with torch.no_grad():
-        first = sim.rollout(q0, qd0, taus)
-        second = sim.rollout(q0, qd0, taus)
+        first = sim.replay(q0, qd0, taus)
+        second = sim.replay(q0, qd0, taus)
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
 
@@ -87,8 +87,8 @@ def test_an_arm_does_not_depend_on_the_batch_it_is_in(engine_sims, engine):
     q0, qd0 = start_states(sim.platform, 8, seed=4)
     taus = tracking_torques(sim, q0, qd0, 30, seed=4)
     with torch.no_grad():
-        q_all, qd_all = sim.rollout(q0, qd0, taus)
-        q_one, qd_one = sim.rollout(q0[5:6], qd0[5:6], taus[5:6])
+        q_all, qd_all = sim.replay(q0, qd0, taus)
+        q_one, qd_one = sim.replay(q0[5:6], qd0[5:6], taus[5:6])
     assert torch.equal(q_all[5:6], q_one)
     assert torch.equal(qd_all[5:6], qd_one)
 
@@ -157,7 +157,7 @@ def test_rollout_returns_every_state_after_each_step(sims):
     sim = sims["pendulum"]
     q0, qd0 = torch.full((2, 1), 0.3), torch.zeros(2, 1)
     taus = torch.zeros(2, 5, 1)
-    q, qd = sim.rollout(q0, qd0, taus)
+    q, qd = sim.replay(q0, qd0, taus)
     assert q.shape == qd.shape == (2, 5, 1)
     q1, qd1 = sim.step(q0, qd0, taus[:, 0])
     assert torch.equal(q[:, 0], q1) and torch.equal(qd[:, 0], qd1)
@@ -192,6 +192,6 @@ def test_bad_rollout_inputs_get_clear_errors(sims):
     sim = sims["omx"]
     with pytest.raises(ValueError,
                        match=r"taus must have shape \(B, T, 5\) with B = 2, got \(2, 5\)"):
-        sim.rollout(torch.zeros(2, 5), torch.zeros(2, 5), torch.zeros(2, 5))
+        sim.replay(torch.zeros(2, 5), torch.zeros(2, 5), torch.zeros(2, 5))
     with pytest.raises(ValueError, match=r"q must have shape \(B, 5\)"):
         sim.ee_position(torch.zeros(2, 4))

@@ -9,7 +9,7 @@ import torch
 from conftest import SIM_PLATFORMS as PLATFORMS
 
 from nactuator.platforms import load_platform
-from nactuator.sim.check import (
+from nactuator.sim.check_fd import (
     CLOSED_LOOP_DIRECTIONS,
     FD_GATE,
     FD_STEPS,
@@ -18,8 +18,8 @@ from nactuator.sim.check import (
     closed_loop_passes,
     directional_fd,
     limit_fd,
-    stock_solver_error,
 )
+from nactuator.sim.check_parity import stock_solver_error
 
 LO, HI = FD_GATE
 ENGINES = ["chain", "newton"]

@@ -355,7 +355,7 @@ def test_validation_scores_whole_episodes_like_eval(so101_data, tmp_path):
     from nactuator.data import read_dataset
     from nactuator.data.episodes import filter_episode
     from nactuator.eval import metrics as M
-    from nactuator.eval.protocol import rollout as eval_rollout
+    from nactuator.eval.protocol import episode_rollouts as eval_rollout
     from nactuator.eval.protocol import score_episode
 
     dm = make_dm(so101_data)

@@ -26,7 +26,7 @@ from nactuator.eval.episodes import (
 )
 from nactuator.eval.infer import predict_episodes
 from nactuator.eval.plots import plot_force, plot_joints
-from nactuator.eval.protocol import rollout, score_episode
+from nactuator.eval.protocol import episode_rollouts, score_episode
 from nactuator.eval.report import markdown_report
 from nactuator.models import load_model
 from nactuator.platforms import load_platform
@@ -97,7 +97,7 @@ def _compare(ckpt, platform, recorded, per_episode, scales, horizons, device) ->
         raise EvalDataError(f"--compare {ckpt} is for platform {meta['platform']!r}, the "
                             f"evaluated checkpoint for {platform.name!r}")
     episodes = [filter_episode(ep, meta["input_filters"]) for _, ep in recorded]
-    rollouts = rollout(other, Simulator(platform, device=device), episodes, device=device)
+    rollouts = episode_rollouts(other, Simulator(platform, device=device), episodes, device=device)
     for row, ep, ro in zip(per_episode, episodes, rollouts, strict=True):
         q_true = ep.frames["q"][1:].astype("float64")
         errors = M.prefix_mae(abs(ro.q[1:] - q_true) * scales, horizons)
@@ -157,7 +157,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     scales, units = M.channel_scales([c.kind for c in platform.channels])
     sim = Simulator(platform, device=device)
     # Every episode of the split in one batch (eval mode, no autograd: deterministic).
-    rollouts = rollout(actuator, sim, episodes, device=device)
+    rollouts = episode_rollouts(actuator, sim, episodes, device=device)
     # The deployment path on the same episodes and inputs: recorded state, no simulator.
     causal = predict_episodes(actuator, episodes)
 

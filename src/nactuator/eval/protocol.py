@@ -29,7 +29,7 @@ from nactuator.eval.episodes import (
 )
 from nactuator.rollout import STATE_KEYS, Rollout, model_inputs, rollout_episodes
 
-__all__ = ["FORCE_LABEL_OFFSET", "rollout", "score_episode"]
+__all__ = ["FORCE_LABEL_OFFSET", "episode_rollouts", "score_episode"]
 
 # Step i (window ending at frame i) is scored against frame i + 1 for the joints (the
 # protocol); its force, gate and condition describe the window's current frame i, exactly
@@ -37,9 +37,12 @@ __all__ = ["FORCE_LABEL_OFFSET", "rollout", "score_episode"]
 FORCE_LABEL_OFFSET = 0
 
 
-def rollout(actuator, sim, episodes: Sequence[Episode], device: str = "cpu") -> list[Rollout]:
+def episode_rollouts(actuator, sim, episodes: Sequence[Episode],
+                     device: str = "cpu") -> list[Rollout]:
     """Open-loop rollouts of all ``episodes`` at once (see the module docstring), one
-    per-episode :class:`~nactuator.rollout.Rollout` of numpy arrays each.
+    per-episode :class:`~nactuator.rollout.Rollout` of numpy arrays each: the recorded
+    :class:`Episode` view of :func:`~nactuator.rollout.rollout_episodes`, with the check
+    that they record every channel the model reads.
 
     The actuator runs in eval mode (no dropout) and without autograd; its mode is restored.
     """

@@ -14,7 +14,7 @@ import numpy as np
 from nactuator.constants import GRAVITY
 from nactuator.platforms import Platform
 
-__all__ = ["mujoco_control_step", "mujoco_model", "mujoco_rollout"]
+__all__ = ["mujoco_control_step", "mujoco_model", "mujoco_replay"]
 
 
 _INTEGRATORS = ("euler", "euler_explicit_damping", "rk4")
@@ -53,7 +53,7 @@ def mujoco_model(platform: Platform, integrator: str = "euler"):
     return spec.compile()
 
 
-def mujoco_rollout(platform: Platform, q0: np.ndarray, qd0: np.ndarray, taus: np.ndarray,
+def mujoco_replay(platform: Platform, q0: np.ndarray, qd0: np.ndarray, taus: np.ndarray,
                    integrator: str = "euler") -> np.ndarray:
     """One arm: q0, qd0 (n,), taus (T, n) held per control step -> q after each step (T, n)."""
     import mujoco

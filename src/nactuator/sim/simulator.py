@@ -225,10 +225,11 @@ class Simulator:
         q1, qd1 = _StepFunction.apply(self._engine(batch), self._stream_scope, torque, q, qd)
         return q1, torch.clamp(qd1, -self._velocity_limit, self._velocity_limit)
 
-    def rollout(self, q0: torch.Tensor, qd0: torch.Tensor, taus: torch.Tensor,
-                f_ext: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Open loop from (q0, qd0) (B, n) under ``taus`` (B, T, n) [and ``f_ext`` (B, T, 3)]:
-        returns the states after each step, q and qd of shape (B, T, n)."""
+    def replay(self, q0: torch.Tensor, qd0: torch.Tensor, taus: torch.Tensor,
+               f_ext: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay a fixed torque sequence open loop from (q0, qd0) (B, n) under ``taus``
+        (B, T, n) [and ``f_ext`` (B, T, 3)]: returns the states after each step, q and qd of
+        shape (B, T, n). No model in the loop: that is a rollout (``nactuator.rollout``)."""
         batch = self._batch_of(q0)
         if not isinstance(taus, torch.Tensor) or taus.ndim != 3 or taus.shape[0] != batch \
                 or taus.shape[2] != self.n:
@@ -246,6 +247,9 @@ class Simulator:
             qs.append(q)
             qds.append(qd)
         return torch.stack(qs, 1), torch.stack(qds, 1)
+
+    # The name before "rollout" meant only the model in the loop (Contract 3 documented it).
+    rollout = replay
 
     def ee_position(self, q: torch.Tensor) -> torch.Tensor:
         """End-effector point (platform ``end_effector``) in the base frame, (B, 3) [m]."""

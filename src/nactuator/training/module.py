@@ -18,7 +18,10 @@ statistics exist (or from a checkpoint's bundle when loading one). With ``init_f
 instead the pretrained actuator of another run's checkpoint -- its architecture, its
 normalisation statistics and its EMA weights -- and the optimiser can move its encoder (the
 backbone) more slowly than its heads (``backbone_lr_scale``): fine-tuning, and what
-``nactuator adapt`` runs.
+``nactuator adapt`` runs (:mod:`nactuator.training.finetune`). What a run refuses about its
+data is :mod:`~nactuator.training.dataset_checks`'s, what it refuses about a checkpoint
+:mod:`~nactuator.training.checkpoints`'s; this module holds the rollout, the losses'
+weighting, the optimiser and the Lightning hooks.
 """
 
 from __future__ import annotations
@@ -29,12 +32,10 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 
-from nactuator.errors import UserError
-from nactuator.models import NeuralActuator, bundle_to_dict, load_actuator
+from nactuator.models import NeuralActuator, bundle_to_dict
 from nactuator.models.actuator import upgrade_model_config
-from nactuator.models.config import physics_inputs, resolve_model_config
+from nactuator.models.config import resolve_model_config
 from nactuator.models.features import DEFAULT_FEATURES, window_channels
 from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import (
@@ -44,7 +45,16 @@ from nactuator.rollout import (
     closed_loop_rollout,
     rollout_episodes,
 )
+from nactuator.training.checkpoints import (
+    CheckpointMismatchError,
+    InitFromError,
+    check_checkpoint,
+    plain,
+    require_bundle,
+)
+from nactuator.training.dataset_checks import check_datamodule_matches, check_dataset_channels
 from nactuator.training.ema import EMA
+from nactuator.training.finetune import load_pretrained, log_normalisation_shift, parameter_groups
 from nactuator.training.losses import (
     LossWeights,
     condition_loss,
@@ -56,13 +66,9 @@ from nactuator.training.losses import (
 )
 from nactuator.training.selection import ValidationScore
 
-
-class CheckpointMismatchError(UserError, ValueError):
-    """A checkpoint this run cannot load (platform, features, window or model config)."""
-
-
-class InitFromError(CheckpointMismatchError):
-    """``model.init_from`` names a checkpoint this run cannot start from; the message says why."""
+# Raised by the checkpoint checks; importable from here as before the split.
+__all__ = ["CheckpointMismatchError", "InitFromError", "NeuralActuatorModule",
+           "firmware_config"]
 
 
 def firmware_config(platform: Platform, features: list[str],
@@ -216,104 +222,32 @@ class NeuralActuatorModule(L.LightningModule):
             self._check_platform_of(datamodule)
 
     def init_from_checkpoint(self, source: str, datamodule: Any = None) -> None:
-        """Make the pretrained actuator of ``source`` this run's starting point.
-
-        The backbone was trained on inputs normalised with the checkpoint's statistics, so
-        those are kept (new statistics would shift every input the first layer sees); the
-        fine-tuning data's own train-split statistics are only compared with them, and the
-        largest shift is logged. The EMA weights (raw if the bundle has none) become the
-        raw weights, and the EMA restarts from them.
-        """
-        where = f"model.init_from={source}"
-        actuator, meta = load_actuator(source, use_ema=True)
-        config = upgrade_model_config(actuator.model_config)
-        self.check_checkpoint(where, meta["platform"], list(meta["features"]), config,
-                              InitFromError)
-        ignored = sorted(k for k in set(config) | set(self.model_config)
-                         if k in self.model_config and self.model_config[k] != config.get(k))
-        self.model_config = config
-        self.actuator = actuator.train()
+        """Make the pretrained actuator of ``source`` this run's starting point
+        (:mod:`nactuator.training.finetune`): its architecture, its normalisation
+        statistics and its EMA weights, which become the raw weights; the EMA restarts
+        from them."""
+        self.actuator, self.model_config = load_pretrained(source, self.model_config,
+                                                           self.check_checkpoint)
         self.ema = EMA(self.actuator, self.hparams.ema_decay)
-        note = (f"; this run's {ignored} are not used (the architecture is the checkpoint's)"
-                if ignored else "")
-        rank_zero_info(f"[nactuator] {where}: {meta['weights']} weights, architecture "
-                       f"{config}{note}")
-        if datamodule is not None and getattr(datamodule, "norm_stats", None) is not None:
-            key, shift = _largest_shift(actuator.feature_builder.norm_stats(),
-                                        datamodule.norm_stats)
-            rank_zero_info(f"[nactuator] {where}: normalising with the checkpoint's statistics; "
-                           f"the new data's train-split mean differs from them by at most "
-                           f"{shift:.2f} checkpoint std ({key})")
+        log_normalisation_shift(source, self.actuator, datamodule)
 
     def check_checkpoint(self, where: str, platform: str | None, features: Any,
                          config: dict[str, Any], error: type[Exception],
                          expected: dict[str, Any] | None = None) -> None:
-        """The one compatibility check of a checkpoint with this run (``model.init_from``
-        and checkpoint load): same platform, feature groups and window; with ``expected``
-        (a loaded checkpoint must rebuild this run's model exactly) the same model config."""
-        if platform != self.platform.name:
-            raise error(
-                f"{where}: the checkpoint was trained for platform {platform!r}, but this "
-                f"run is for {self.platform.name!r} ({self.platform.source}); use a "
-                "checkpoint of the same platform")
-        if list(features or []) != self.features:
-            raise error(
-                f"{where}: the checkpoint reads feature groups {features}, this run is "
-                f"configured for {self.features}; set model.features to the checkpoint's")
-        if config.get("window_length") != self.window_length:
-            raise error(
-                f"{where}: the checkpoint's window is {config.get('window_length')} frames, "
-                f"this run's is {self.window_length}; set data.window_length to the "
-                "checkpoint's")
-        if expected is not None and config != expected:
-            diff = sorted(k for k in set(expected) | set(config)
-                          if expected.get(k) != config.get(k))
-            raise error(f"{where}: the model config differs from this run's in {diff}: "
-                        f"checkpoint {config}, run {expected}")
+        """:func:`nactuator.training.checkpoints.check_checkpoint` against this run."""
+        check_checkpoint(where, platform, features, config, error,
+                         run_platform=self.platform.name,
+                         run_platform_source=str(self.platform.source),
+                         run_features=self.features, run_window_length=self.window_length,
+                         expected=expected)
 
     def _check_platform_of(self, datamodule: Any) -> None:
-        platform = getattr(datamodule, "platform", None)
-        name = getattr(platform, "name", platform)
-        if isinstance(name, str) and name != self.platform.name:
-            raise ValueError(
-                f"the model is configured for platform {self.platform.name!r} but the data "
-                f"module serves {name!r}; set the same --platform for both"
-            )
-        data_window = getattr(datamodule, "window_length", self.window_length)
-        if data_window != self.window_length:
-            raise ValueError(
-                f"model window_length {self.window_length} != data window_length "
-                f"{data_window} (link data.window_length and model.window_length)"
-            )
+        check_datamodule_matches(self.platform, self.window_length, datamodule)
 
     def check_dataset(self, datamodule: Any) -> None:
-        """Every channel the model's feature groups read must be recorded in every dataset.
-
-        A channel a platform does not log (``data.unrecorded``, e.g. Franka's voltage) is
-        stored as NaN and would reach the model as a constant 0; that silently wrong
-        input is refused here, naming the dataset, the channel and the feature group.
-        """
-        unrecorded = getattr(datamodule, "unrecorded_channels", None)
-        if unrecorded is None:
-            return
-        needed = window_channels(self.features) + physics_inputs(self.model_config)
-        for path, missing_by_key in unrecorded().items():
-            for key in needed:
-                missing = missing_by_key.get(key)
-                if not missing:
-                    continue
-                groups = [g for g in self.features if key in window_channels([g])]
-                if not groups:  # read by the physics actuator
-                    raise ValueError(
-                        f"{path}: the dataset has no {key!r} for channel(s) {missing} (for "
-                        f"every episode), which the model's physics actuator needs "
-                        f"(docs/counterfactual.md)")
-                keep = [g for g in self.features if g not in groups]
-                raise ValueError(
-                    f"{path}: the dataset has no recorded {key!r} for channel(s) {missing}, "
-                    f"which the model's feature group(s) {groups} need; drop them from "
-                    f"model.features (e.g. {keep}) or train on data that records {key!r}"
-                )
+        """Every channel the model reads must be recorded in every dataset
+        (:mod:`nactuator.training.dataset_checks`)."""
+        check_dataset_channels(self.features, self.model_config, datamodule)
 
     @property
     def simulator(self) -> Any:
@@ -460,26 +394,10 @@ class NeuralActuatorModule(L.LightningModule):
         self._ema_step = step
 
     def parameter_groups(self) -> list[dict[str, Any]]:
-        """AdamW parameter groups: the heads at ``lr`` first; then the encoder (backbone) at
-        ``lr * backbone_lr_scale`` when that scale is not 1; then a physics actuator's
-        constants at ``physics_lr`` (no weight decay) when it is set. Without either option
-        there is one group, as before they existed, so older checkpoints resume with their
-        optimiser state."""
+        """AdamW parameter groups (:func:`nactuator.training.finetune.parameter_groups`)."""
         hp = self.hparams
-        scale = hp.get("backbone_lr_scale", 1.0)
-        physics = getattr(self.actuator, "physics", None)
-        physics_params = (list(physics.parameters())
-                          if physics is not None and hp.get("physics_lr") is not None else [])
-        backbone = list(self.actuator.net.encoder.parameters()) if scale != 1.0 else []
-        taken = {id(p) for p in backbone + physics_params}
-        heads = [p for p in self.actuator.parameters() if id(p) not in taken]
-        groups = [{"name": "heads" if backbone else "all", "params": heads, "lr": hp.lr}]
-        if backbone:
-            groups.append({"name": "backbone", "params": backbone, "lr": hp.lr * scale})
-        if physics_params:
-            groups.append({"name": "physics", "params": physics_params, "lr": hp.physics_lr,
-                           "weight_decay": 0.0})
-        return groups
+        return parameter_groups(self.actuator, hp.lr, hp.get("backbone_lr_scale", 1.0),
+                                hp.get("physics_lr"))
 
     def configure_optimizers(self) -> dict:
         hp = self.hparams
@@ -571,8 +489,8 @@ class NeuralActuatorModule(L.LightningModule):
         config["model_config"] = dict(self.actuator.model_config) if self.actuator else None
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
         if datamodule is not None and getattr(datamodule, "hparams", None) is not None:
-            config["data"] = _plain(dict(datamodule.hparams))
-        return _plain(config)
+            config["data"] = plain(dict(datamodule.hparams))
+        return plain(config)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
@@ -592,12 +510,7 @@ class NeuralActuatorModule(L.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        bundle = checkpoint.get("nactuator")
-        if not isinstance(bundle, dict):
-            raise ValueError(
-                "checkpoint has no 'nactuator' bundle: it was not written by "
-                "NeuralActuatorModule (keys: " + ", ".join(sorted(checkpoint)[:8]) + ")"
-            )
+        bundle = require_bundle(checkpoint)
         saved = upgrade_model_config(bundle.get("model_config") or {})
         self.check_checkpoint("checkpoint", bundle.get("platform"), bundle.get("features"),
                               saved, CheckpointMismatchError,
@@ -619,33 +532,3 @@ class NeuralActuatorModule(L.LightningModule):
             self.ema.load_state_dict({"decay": self.ema.decay, "num_updates": 0,
                                       "shadow": {k: ema[k] for k in self.ema.shadow}})
 
-
-def _largest_shift(reference: dict, other: dict) -> tuple[str, float]:
-    """The input channel whose mean moved most from ``reference`` to ``other``, in
-    ``reference`` standard deviations (the units the network sees)."""
-    worst, where = 0.0, "none"
-    for key, ref in reference.items():
-        if key not in other:
-            continue
-        mean = torch.tensor(ref["mean"], dtype=torch.float64)
-        std = torch.tensor(ref["std"], dtype=torch.float64).abs().clamp_min(1e-6)
-        new = torch.tensor(other[key]["mean"], dtype=torch.float64)
-        if new.shape != mean.shape:
-            continue
-        shift = ((new - mean).abs() / std).nan_to_num(0.0)
-        if shift.numel() and float(shift.max()) > worst:
-            worst, where = float(shift.max()), f"{key}[{int(shift.argmax())}]"
-    return where, worst
-
-
-def _plain(value: Any) -> Any:
-    """Config values as YAML/JSON-friendly plain data."""
-    if isinstance(value, dict):
-        return {str(k) if not isinstance(k, int) else k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, LossWeights):
-        return asdict(value)
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    return str(value)
