@@ -5,8 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nactuator.eval.detection import (causal_flags, detect, detection_delay, false_flag_rate,
-                                      localisation)
+from nactuator.eval.detection import (
+    causal_flags,
+    detect,
+    detection_delay,
+    false_flag_rate,
+    localisation,
+)
 from nactuator.platforms import load_platform
 from nactuator.world import World, WorldError, load_world
 from nactuator.world.params import load_world_config, validate_world_config
@@ -95,8 +100,23 @@ def test_detect_localises_the_motor_whose_score_moved():
     score[onset:, 0] = 0.3  # motor 0 moves a little, stays below threshold
     r = detect(score, onset, channel=2, dt=dt, hold=2)
     assert r.delay_frames == 4 and r.delay_s == pytest.approx(4 * dt)
-    assert r.false_flag_rate == 0.0 and r.localised
+    assert r.false_flag_rate == 0.0 and r.localised and not r.flagged_before_onset
     np.testing.assert_allclose(localisation(score, onset), [0.2, 0.0, 0.8 * 7 / 10])
     # The same scores judged for a fault on motor 0: flagged never, not localised.
     r0 = detect(score, onset, channel=0, dt=dt, hold=2)
     assert not r0.flagged and not r0.localised
+    # A motor high before its onset: flagged at once, but marked as flagged beforehand.
+    score[:, 1] = 0.9
+    r1 = detect(score, onset, channel=1, dt=dt, hold=2)
+    assert r1.delay_frames == 0 and r1.flagged_before_onset
+    assert r1.false_flag_rate == pytest.approx((onset - 1) / (onset * 3))
+
+
+def test_fault_onset_reads_the_label_switch():
+    from nactuator.eval.detection_run import fault_onset
+    lab = np.ones((10, 3))
+    lab[7:, 1] = 0.0
+    assert fault_onset(lab) == (7, 1)
+    assert fault_onset(np.ones((10, 3))) is None  # nominal throughout
+    lab[:, 2] = 0.0
+    assert fault_onset(lab) is None  # degraded from frame 0 (a `_degrade` run): no onset

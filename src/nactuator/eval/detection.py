@@ -68,6 +68,7 @@ class DetectionResult:
     delay_frames: int | None  # on the faulted motor; None: never flagged
     delay_s: float | None
     false_flag_rate: float  # before onset, all motors
+    flagged_before_onset: bool  # the faulted motor already flagged before the fault
     shift: list[float]  # per motor, localisation()
     localised: bool  # the faulted motor's score moved most
 
@@ -89,7 +90,8 @@ def detect(score: np.ndarray, onset: int, channel: int, dt: float, task: str = "
     return DetectionResult(
         task=task, fault=fault, channel=int(channel), onset=int(onset), delay_frames=delay,
         delay_s=None if delay is None else delay * dt,
-        false_flag_rate=false_flag_rate(flags, onset), shift=shift.tolist(),
+        false_flag_rate=false_flag_rate(flags, onset),
+        flagged_before_onset=bool(flags[:onset, channel].any()), shift=shift.tolist(),
         localised=bool(np.nanargmax(shift) == channel))
 
 
@@ -104,6 +106,8 @@ def summarise(results: list[DetectionResult]) -> dict:
         delays = [r.delay_s for r in rs if r.delay_s is not None]
         out[f"{fault}@{ch}"] = {
             "episodes": len(rs), "flagged": len(delays),
+            # a delay on a motor flagged before its fault began measures nothing
+            "flagged_before_onset": sum(r.flagged_before_onset for r in rs),
             "median_delay_s": float(np.median(delays)) if delays else None,
             "worst_delay_s": float(np.max(delays)) if delays else None,
             "false_flag_rate": float(np.mean([r.false_flag_rate for r in rs])),
