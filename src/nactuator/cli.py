@@ -165,6 +165,15 @@ def _infer(a: argparse.Namespace) -> int:
     return 0
 
 
+def _detect(a: argparse.Namespace) -> int:
+    _check_model_paths(a.ckpt)
+    from nactuator.eval.detection_run import run_detection
+
+    print(run_detection(a.ckpt, a.data, split=a.split, threshold=a.threshold, hold=a.hold,
+                        out=a.out, train_data=a.train_data))
+    return 0
+
+
 def _export(a: argparse.Namespace) -> int:
     from nactuator.model_files import export_format
 
@@ -565,6 +574,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force-only", action="store_true",
                    help="write force and gate only (no per-motor condition columns)")
     s.set_defaults(func=_infer)
+
+    s = sub.add_parser("detect", help="fault detection on mid-run fault episodes: delay after "
+                       "onset, false flags before it, per-motor localisation")
+    s.add_argument("--ckpt", required=True, help=MODEL_HELP)
+    s.add_argument("--data", required=True, help="dataset path(s) with fault-onset episodes "
+                   "(nactuator data synth --world conf/world/<platform>_onset.yaml)")
+    s.add_argument("--split", default=None, choices=["train", "validation", "test"],
+                   help="episodes to run on (default: all)")
+    s.add_argument("--threshold", type=_fraction, default=0.5,
+                   help="flag a motor when its degraded score 1 - c exceeds this ...")
+    s.add_argument("--hold", type=_positive_int, default=6,
+                   help="... on this many consecutive frames (causal debounce)")
+    s.add_argument("--out", default=None, help="folder for detection.json and the plots")
+    s.add_argument("--train-data", default=None, help="the checkpoint's training dataset: "
+                   "adds the random forest fitted on its train split, scored per frame")
+    s.set_defaults(func=_detect)
 
     s = sub.add_parser("export", help="export a checkpoint's model for deployment")
     s.add_argument("--ckpt", required=True, help=CKPT_HELP)

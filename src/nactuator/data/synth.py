@@ -86,6 +86,7 @@ def run_tasks(
     bands = np.array([p.band for p in plans])
     if bands.any():
         world.set_band(bands)
+    onsets = _fault_onsets(plans)
     world.step(float(params.physics["settle_seconds"]))
 
     lengths = np.array([p.frames for p in plans])
@@ -104,6 +105,8 @@ def run_tasks(
     keys = (*REQUIRED_KEYS, "pwm", "current")
     logs = {k: np.zeros((t_max, n_envs, n)) for k in keys}
     for k in range(t_max):
+        if k in onsets:
+            _switch_faults_on(world, plans, onsets[k])
         tel = world.telemetry()  # read the registers, then write the next goal
         world.set_goal(goals[k])
         world.set_torque_enabled(enables[k])
@@ -132,6 +135,36 @@ def run_tasks(
                     initial_temperature=[round(float(x), 3) for x in temps[e]])
         episodes.append((task, frames, meta))
     return episodes
+
+
+def _fault_onsets(plans: list) -> dict[int, list[int]]:
+    """Onset frame -> the arms whose mid-run fault starts there."""
+    out: dict[int, list[int]] = {}
+    for e, p in enumerate(plans):
+        if p.fault is not None:
+            out.setdefault(p.fault["onset_frame"], []).append(e)
+    return out
+
+
+def _switch_faults_on(world: World, plans: list, arms: list[int]) -> None:
+    """Switch the faults of ``arms`` on at onset frame k, before its registers are read: the
+    fault acts on the physics from frame k on, so frame k (labelled first degraded) is read
+    nominal and frame k + 1 is the first that can show it."""
+    band = [e for e in arms if plans[e].fault["kind"] == "band"]
+    if band:
+        new = np.zeros(world.n_envs, dtype=bool)
+        new[band] = True
+        channel = world.band_channel.copy()
+        for e in band:
+            channel[e] = plans[e].fault["channel"]
+        rows = np.arange(world.n_envs)
+        rest = np.where(new, world.q[rows, channel] + world.params.band["rest_offset"],
+                        world.band_rest)
+        world.set_band(world.band_enabled | new, rest=rest, channel=channel)
+    for e in arms:
+        f = plans[e].fault
+        if f["kind"] == "wear":
+            world.wear_gearbox([e], f["channel"], f["wear"])
 
 
 def replay_commands(platform: Platform, commands: np.ndarray, q0: np.ndarray,

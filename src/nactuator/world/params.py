@@ -169,12 +169,43 @@ _TASK_KEYS = {
     "sign": "num",
     "ref": "bool",
     "degrade": "bool",
+    "onset": "num",
+    "fault": "str",
+    "fault_channel": "str",
+    "wear": "num",
     "profile": "str",
     "kp_values": "vec",
     "force_max": "num",
     "force_min": "num",
     "pushes": "int",
 }
+
+
+# Mid-run faults (``onset`` tasks): what switches on at the onset frame.
+FAULT_KINDS = ("band", "wear")
+
+
+def _check_fault(t: dict, platform: Platform, where: str) -> None:
+    """A task with ``onset`` degrades a motor mid-run: ``fault`` band (the elastic band the
+    ``degrade`` tasks wear) or wear (gearbox friction and backlash times ``wear``), on
+    ``fault_channel`` (default: the band channel)."""
+    keys = {"fault", "fault_channel", "wear"} & set(t)
+    if "onset" not in t:
+        if keys:
+            raise WorldError(f"{where}: {sorted(keys)} need onset (seconds into the run)")
+        return
+    if t.get("degrade"):
+        raise WorldError(f"{where}: degrade (whole run) and onset (mid-run) exclude each other")
+    if not 0 < t["onset"] < t.get("seconds", 0):
+        raise WorldError(f"{where}.onset: expected 0 < onset < seconds, got {t['onset']!r}")
+    fault = t.get("fault", "band")
+    if fault not in FAULT_KINDS:
+        raise WorldError(f"{where}.fault: expected one of {list(FAULT_KINDS)}, got {fault!r}")
+    ch = t.get("fault_channel")
+    if ch is not None and ch not in platform.channel_names:
+        raise WorldError(f"{where}.fault_channel: {ch!r} is not one of {platform.channel_names}")
+    if fault == "wear" and not t.get("wear", 0) > 1:
+        raise WorldError(f"{where}.wear: a wear fault needs a factor > 1, got {t.get('wear')!r}")
 
 
 def default_world_path(platform: str) -> Path:
@@ -352,6 +383,7 @@ def validate_world_config(cfg: dict, platform: Platform, source: str) -> None:
             raise WorldError(
                 f"{where}.channel: {t['channel']!r} is not one of {platform.channel_names}"
             )
+        _check_fault(t, platform, where)
         if kind == "push" and (t["axis"] not in ("x", "y", "z") or t["sign"] not in (-1, 1)):
             raise WorldError(f"{where}: push needs axis in x|y|z and sign +1|-1")
         if kind == "bam" and t["profile"] not in BAM_PROFILES:

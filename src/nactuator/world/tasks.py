@@ -15,7 +15,9 @@ knows the truth and NAD had no reading:
 - pushes: the applied force on all three axes on every frame (0 between pushes), like a tared
   F/T sensor; the matched ``*_ref`` run (same commanded motion, no contact) is 0 on all axes
   on every frame (NAD stores -999 there and its OMX loader reads it as 0);
-- condition: every motor is labelled, 1 = nominal, 0 on the band joint in ``degrade`` runs.
+- condition: every motor is labelled, 1 = nominal, 0 on the band joint in ``degrade`` runs;
+  in ``onset`` runs 0 on the faulted joint from the onset frame on (1 before it), so the
+  label switches at the frame where the world switches the fault on.
 
 Postures follow the NAD operators (docs/synthetic-world.md §4): the IK starts from and is
 pulled toward ``workspace.rest_pose``, which holds the gripper pitched down as in the real
@@ -51,6 +53,8 @@ class EpisodePlan:
     grasp: np.ndarray  # (T,) jaw angle where an object between the jaws stops them; NaN: none
     band: bool = False
     kp: float | None = None  # firmware P override for every motor (pendulum kp grid)
+    # Mid-run fault: {"kind": band|wear, "channel": int, "onset_frame": int, "wear": float}
+    fault: dict | None = None
     meta: dict = field(default_factory=dict)
 
     @property
@@ -472,4 +476,28 @@ def plan_episode(
             "payload_kg": mass, "band": band}
     if kp is not None:
         meta["kp"] = kp
-    return EpisodePlan(task, q, force, label, payload, condition, torque, grasp, band, kp, meta)
+    fault = _fault(platform, params, spec, frames, dt)
+    if fault is not None:
+        condition[fault["onset_frame"]:, fault["channel"]] = 0.0
+        meta["fault"] = dict(fault, channel_name=platform.channel_names[fault["channel"]],
+                             onset_s=fault["onset_frame"] * dt)
+    return EpisodePlan(task, q, force, label, payload, condition, torque, grasp, band, kp,
+                       meta=meta, fault=fault)
+
+
+def _fault(platform: Platform, params: WorldParams, spec: dict, frames: int,
+           dt: float) -> dict | None:
+    """The mid-run fault of an ``onset`` task (None for any other task).
+
+    The onset is in seconds from the first logged frame (not scaled with the repetition's
+    speed), so every repetition's label switches at the same, known frame."""
+    if "onset" not in spec:
+        return None
+    ch = spec.get("fault_channel")
+    channel = platform.channel_names.index(ch) if ch is not None else params.band["channel"]
+    if channel < 0:
+        raise WorldError(f"task {spec['name']!r}: platform {platform.name!r} has no band "
+                         "channel; give fault_channel")
+    onset = min(frames - 1, int(round(float(spec["onset"]) / dt)))
+    return {"kind": str(spec.get("fault", "band")), "channel": int(channel),
+            "onset_frame": int(onset), "wear": float(spec.get("wear", 1.0))}

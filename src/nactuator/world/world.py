@@ -112,6 +112,7 @@ class World:
         self.external_force = np.zeros((n_envs, 3))
         self.band_enabled = np.zeros(n_envs, dtype=bool)
         self.band_rest = np.zeros(n_envs)
+        self.band_channel = np.full(n_envs, params.band["channel"], dtype=np.int64)
         self.grasp_jaw = np.full(n_envs, np.nan)
         self.q = np.zeros((n_envs, n))
         self.qd = np.zeros((n_envs, n))
@@ -225,15 +226,40 @@ class World:
         """Force on the end-effector point [N], base frame, environment on robot."""
         self.external_force = self._per_env(force, 3)
 
-    def set_band(self, enabled, rest=None) -> None:
-        """Elastic band on the world's band channel: spring-damper toward ``rest``."""
-        if self.params.band["channel"] < 0:
-            raise WorldError(f"platform {self.platform.name!r} has no band channel")
-        self.band_enabled = np.array(np.broadcast_to(np.asarray(enabled, bool), (self.n_envs,)))
-        j = self.params.band["channel"]
+    def set_band(self, enabled, rest=None, channel=None) -> None:
+        """Elastic band on ``channel`` (default: the world's band channel; one per arm or
+        one for all): spring-damper toward ``rest`` (default: rest_offset from here)."""
+        if channel is None:
+            if self.params.band["channel"] < 0:
+                raise WorldError(f"platform {self.platform.name!r} has no band channel")
+            channel = self.params.band["channel"]
+        channel = np.array(np.broadcast_to(np.asarray(channel, np.int64), (self.n_envs,)))
+        if ((channel < 0) | (channel >= self.n)).any():
+            raise WorldError(f"band channel {channel.tolist()} outside 0..{self.n - 1}")
+        enabled = np.array(np.broadcast_to(np.asarray(enabled, bool), (self.n_envs,)))
+        rows = np.arange(self.n_envs)
         if rest is None:
-            rest = self.q[:, j] + self.params.band["rest_offset"]
+            rest = self.q[rows, channel] + self.params.band["rest_offset"]
         self.band_rest = np.array(np.broadcast_to(np.asarray(rest, float), (self.n_envs,)))
+        self.band_channel = channel
+        self.band_enabled = enabled
+
+    def wear_gearbox(self, arms, channel: int, factor: float) -> None:
+        """A worn gearbox on motor ``channel`` of the arms ``arms`` (bool mask or indices):
+        dry, Stribeck, viscous and load-dependent friction and backlash times ``factor``."""
+        if not factor > 0:
+            raise WorldError(f"wear factor must be > 0, got {factor!r}")
+        mask = np.zeros(self.n_envs, dtype=bool)
+        mask[np.asarray(arms)] = True
+        p = dict(self.servo.p)
+        for key in ("coulomb", "stribeck", "load_friction", "backlash", "viscous"):
+            a = np.array(np.broadcast_to(p[key], (self.n_envs, self.n)), dtype=np.float64)
+            a[mask, channel] *= factor
+            p[key] = a
+        self.servo.p = p
+        for i in np.flatnonzero(mask):  # viscous friction lives in MuJoCo's joint damping
+            self.models[i].dof_damping[channel] = p["viscous"][i, channel] \
+                / self.trans[channel] ** 2
 
     def set_grasp(self, jaw) -> None:
         """An object between the jaws: it stops the gripper closing below ``jaw`` (NaN: none).
@@ -291,10 +317,11 @@ class World:
             s.torque_enabled = guard.update(s.current, s.duty, s.torque_enabled, self.dt)
         joint_force = tau / self.trans
         if self.band_enabled.any():
-            j, band = self.params.band["channel"], self.params.band
-            spring = -band["stiffness"] * (self.q[:, j] - self.band_rest) \
-                - band["damping"] * self.qd[:, j]
-            joint_force[:, j] += np.where(self.band_enabled, spring, 0.0)
+            j, band = self.band_channel, self.params.band
+            rows = np.arange(self.n_envs)
+            spring = -band["stiffness"] * (self.q[rows, j] - self.band_rest) \
+                - band["damping"] * self.qd[rows, j]
+            joint_force[rows, j] += np.where(self.band_enabled, spring, 0.0)
         if np.isfinite(self.grasp_jaw).any():
             joint_force += self._grasp_force()
         friction = s.friction_budget(omega) / self.trans
