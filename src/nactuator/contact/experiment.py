@@ -139,12 +139,14 @@ def evaluate(data: dict, folds: int = 5) -> dict:
                                     for j in range(p.n)], -1),
         }
         for (name, tau_motor), tared in [(s, t) for s in sources.items() for t in (False, True)]:
-            res = tau_id - tau_motor  # ID - motor (tau_id holds ID(q, qd, qdd))
+            # ID - motor (tau_id holds ID(q, qd, qdd)); only the joints that move a contact
+            # link (the gripper's jaw joint carries none of these contacts).
+            res = (tau_id - tau_motor)[..., : int(surf.last_joint.max()) + 1]
             if tared:  # zeroed on the run's first contact-free second, as a tared F/T sensor
                 res = res - res[tare].mean(0, keepdims=True)
                 name = f"{name}_tared"
             skip = 10  # filter edge frames
-            thr = calibrate_threshold(res[skip:-skip, twins_train].reshape(-1, p.n),
+            thr = calibrate_threshold(res[skip:-skip, twins_train].reshape(-1, res.shape[-1]),
                                       q_quant, margin)
             rows.setdefault(name, []).append(
                 _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, f))
@@ -175,9 +177,10 @@ def _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, fold) -> dict
         if hits.any():
             delays.append(float(np.argmax(hits)) * dt * 1000.0)
         # One estimate per press: the hold phase's mean residual at its mean posture.
-        tau = res[hold, e].mean(0)
         q = data["logs"]["q"][hold, e].mean(0)
-        j = isolate(tau, thr)
+        tau = np.zeros(q.size)
+        tau[: res.shape[-1]] = res[hold, e].mean(0)
+        j = isolate(tau[: thr.size], thr)
         est = localise(surf, q, tau, j, mu)
         k = int(data["link"][e])
         p_true, _, _ = surf.world_points(q, k, data["local"][e])
