@@ -101,3 +101,44 @@ def test_threshold_calibration_bounds_idle_false_alarms():
     np.testing.assert_allclose(thr, 3.29 * np.array([0.01, 0.02, 0.03]), rtol=0.08)
     with pytest.raises(ValueError, match="10 finite"):
         calibrate_threshold(np.full((5, 3), 0.1))
+
+
+def _frames(n: int, length: int, rng) -> dict:
+    f = {k: rng.normal(size=(length, n)) for k in ("q_cmd", "q", "qd", "effort")}
+    f.update(voltage=np.full((length, n), 12.0), temperature=np.full((length, n), 30.0),
+             timestamp=np.arange(length) * 0.016)
+    return f
+
+
+def test_contact_columns_round_trip_and_older_datasets_still_read(tmp_path):
+    import pyarrow.parquet as pq
+
+    from nactuator.data.reader import read_dataset
+    from nactuator.data.writer import DatasetWriter
+
+    p = load_platform("so101")
+    rng = np.random.default_rng(0)
+    frames = _frames(p.n, 50, rng)
+    link = np.where(np.arange(50) >= 20, 3.0, np.nan)
+    point = np.where(link[:, None] > 0, [-0.05, 0.01, 0.02], np.nan)
+    force = np.where(link[:, None] > 0, [0.0, 0.0, -4.0], np.nan)
+    frames.update(contact_link=link, contact_point=point, contact_force=force)
+    root = tmp_path / "ds"
+    w = DatasetWriter(root, p, fps=p.fps, metadata={})
+    w.add_episode(frames, "press", "train")
+    w.add_episode(_frames(p.n, 30, rng), "free", "train")  # no contact labels given
+    w.close()
+    ds = read_dataset(root)
+    e0, e1 = ds.episodes
+    np.testing.assert_array_equal(e0.frames["contact_link"], link.astype(np.float32))
+    np.testing.assert_allclose(e0.frames["contact_point"], point.astype(np.float32))
+    np.testing.assert_allclose(e0.frames["contact_force"], force.astype(np.float32))
+    assert np.isnan(e1.frames["contact_force"]).all()
+    # A dataset written before the columns existed: drop them from the data files.
+    for f in (root / "data").rglob("*.parquet"):
+        t = pq.read_table(f)
+        keep = [c for c in t.column_names if not c.startswith("observation.contact_")]
+        pq.write_table(t.select(keep), f)
+    old = read_dataset(root)
+    assert np.isnan(old.episodes[0].frames["contact_link"]).all()
+    np.testing.assert_array_equal(old.episodes[0].frames["q"], ds.episodes[0].frames["q"])
