@@ -32,6 +32,7 @@ from nactuator.data.schema import (
     EPISODES_PATH,
     FEATURES,
     FORMAT_TAG,
+    LATER_OPTIONAL_KEYS,
     PRIVATE_DIR,
     DataFormatError,
     feature_width,
@@ -307,6 +308,11 @@ def read_frames(root: Path, rows: list[dict], n: int) -> dict[str, np.ndarray]:
                 f"(episodes {file_rows[0]['episode_index']}..{file_rows[-1]['episode_index']})"
             )
         for key, spec in FEATURES.items():
+            if key in LATER_OPTIONAL_KEYS and spec.name not in table.column_names:
+                shape = (table.num_rows,) if spec.width == "1" else \
+                    (table.num_rows, feature_width(spec, n))
+                parts[key].append(np.full(shape, spec.default, np.float32))
+                continue
             values = _column_numpy(table, spec.name, feature_width(spec, n), path)
             values = values.astype(np.float32)
             parts[key].append(values[:, 0] if spec.width == "1" else values)

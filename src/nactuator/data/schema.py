@@ -25,6 +25,7 @@ __all__ = [
     "EPISODES_PATH",
     "FEATURES",
     "FORMAT_TAG",
+    "LATER_OPTIONAL_KEYS",
     "PRIVATE_DIR",
     "REQUIRED_KEYS",
     "SPLITS",
@@ -82,7 +83,16 @@ FEATURES: dict[str, FeatureSpec] = {
     "condition": FeatureSpec("observation.condition", "n", False, math.nan, "1"),
     "telemetry_valid": FeatureSpec("observation.telemetry_valid", "n", False, 1.0, "1"),
     "torque_enable": FeatureSpec("observation.torque_enable", "n", False, 1.0, "1"),
+    # Contact anywhere on the arm (issue 23; docs/contact.md): the touched body's index in the
+    # robot MJCF (NaN: no contact / unlabelled), the point in that body's frame, the force in
+    # the base frame (environment on robot).
+    "contact_link": FeatureSpec("observation.contact_link", "1", False, math.nan, "1"),
+    "contact_point": FeatureSpec("observation.contact_point", "3", False, math.nan, "m"),
+    "contact_force": FeatureSpec("observation.contact_force", "3", False, math.nan, "N"),
 }
+# Optional columns added after datasets were written without them: a reader fills them with
+# their default when a data file lacks the column (older datasets still read).
+LATER_OPTIONAL_KEYS = ("contact_link", "contact_point", "contact_force")
 REQUIRED_KEYS = tuple(k for k, s in FEATURES.items() if s.required)
 _EFFORT_SIGNAL_UNITS = {"current": "A", "load": "fraction of max torque", "torque": None,
                         "pwm": "duty"}

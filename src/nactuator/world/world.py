@@ -110,6 +110,11 @@ class World:
         self.rngs = [np.random.default_rng(np.random.SeedSequence([s, 7, k])) for s, k in keys]
         self.bus_voltage = np.full((n_envs, 1), float(params.supply["voltage"]))
         self.external_force = np.zeros((n_envs, 3))
+        # A contact anywhere on the arm (issue 23): body id (-1: none), point in that body's
+        # frame [m], force in the base frame [N] (environment on robot).
+        self.contact_body = np.full(n_envs, -1, dtype=np.int64)
+        self.contact_point = np.zeros((n_envs, 3))
+        self.contact_force = np.zeros((n_envs, 3))
         self.band_enabled = np.zeros(n_envs, dtype=bool)
         self.band_rest = np.zeros(n_envs)
         self.band_channel = np.full(n_envs, params.band["channel"], dtype=np.int64)
@@ -186,6 +191,8 @@ class World:
             self._count_ring[:] = s.counts(q0 / self.trans)[None]
         self.bus_voltage[:] = float(self.params.supply["voltage"])
         self.external_force[:] = 0.0
+        self.contact_body[:] = -1
+        self._touched_before = np.zeros(self.n_envs, dtype=bool)
         self.grasp_jaw[:] = np.nan
         if self.protection is not None:
             self.protection.reset()
@@ -225,6 +232,26 @@ class World:
     def set_external_force(self, force) -> None:
         """Force on the end-effector point [N], base frame, environment on robot."""
         self.external_force = self._per_env(force, 3)
+
+    def set_link_contact(self, body, point, force) -> None:
+        """A contact force on any link: ``body`` a body id per arm (-1: none), ``point``
+        (n_envs, 3) in that body's frame [m], ``force`` (n_envs, 3) base frame [N].
+
+        Applied on top of the end-effector force, at the point (its moment about the COM).
+        """
+        b = np.array(np.broadcast_to(np.asarray(body, dtype=np.int64), (self.n_envs,)))
+        if ((b < -1) | (b >= self.models[0].nbody)).any():
+            raise WorldError(f"contact body ids {b.tolist()} outside "
+                             f"-1..{self.models[0].nbody - 1}")
+        self.contact_body = b
+        self.contact_point = self._per_env(point, 3)
+        self.contact_force = self._per_env(force, 3)
+
+    def _apply_link_contact(self, d: mujoco.MjData, i: int) -> None:
+        b, f = int(self.contact_body[i]), self.contact_force[i]
+        r = d.xpos[b] + d.xmat[b].reshape(3, 3) @ self.contact_point[i] - d.xipos[b]
+        d.xfrc_applied[b, :3] += f
+        d.xfrc_applied[b, 3:] += np.cross(r, f)
 
     def set_band(self, enabled, rest=None, channel=None) -> None:
         """Elastic band on ``channel`` (default: the world's band channel; one per arm or
@@ -326,6 +353,7 @@ class World:
             joint_force += self._grasp_force()
         friction = s.friction_budget(omega) / self.trans
         pushed = np.abs(self.external_force).sum(axis=1) > 0
+        touched = self.contact_body >= 0
         for i, (m, d) in enumerate(zip(self.models, self.datas, strict=True)):
             m.dof_frictionloss[:n] = friction[i]
             d.qfrc_applied[:n] = joint_force[i]
@@ -333,7 +361,15 @@ class World:
                 self._apply_ee_force(d, self.external_force[i])
             else:
                 d.xfrc_applied[self.ee_body] = 0.0
+            if touched[i] or self._touched_before[i]:
+                # Clear the last contact's body (the EE body was just rewritten above).
+                for b in range(1, m.nbody):
+                    if b != self.ee_body:
+                        d.xfrc_applied[b] = 0.0
+                if touched[i]:
+                    self._apply_link_contact(d, i)
             mujoco.mj_step(m, d)
+        self._touched_before = touched
         s.heat(float(self.params.thermal["ambient"]))
         sup = self.params.supply
         draw = sup["quiescent_current"] + s.supply_current()

@@ -1,0 +1,256 @@
+"""Contact estimation measured in the hidden world: held-out runs, cross-validated by episode.
+
+Each run holds a random posture (the servo position loop holds it; the world's perturbed
+links, friction and telemetry as everywhere else). A contact run presses once on one of the
+configured links at a random surface point, into the surface inside the friction cone,
+1-10 N with raised-cosine ramps; its no-contact twin holds the same posture. The external
+torque residual ``tau_ext = ID(q, qd, qdd) - tau_motor`` uses the nominal arm's inverse
+dynamics (:mod:`nactuator.sim.dynamics`) and one of these motor-torque sources:
+
+- ``oracle``: the world's true joint torque (separates estimator error from model error);
+- ``current_id``: the classical residual, a per-joint affine map of the servo's telemetry
+  (current, else the effort signal) fitted to ID torque on the training folds' twins;
+- a learned actuator model would slot in here (not measured yet; docs/contact.md).
+
+``tip_only`` is today's estimate: the residual projected onto an end-effector force.
+
+    PYTHONPATH=src python -m nactuator.contact.experiment --pairs 40 --folds 5 --out runs/contact
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nactuator.atomic import write_json, write_png
+from nactuator.platforms import load_platform
+from nactuator.sim.dynamics import ArmDynamics
+from nactuator.world import World, load_world
+
+from .estimate import _pyramid, calibrate_threshold, detect, isolate, localise
+from .surface import LinkSurfaces, load_contact_config
+
+__all__ = ["run_world", "evaluate"]
+
+
+def _schedule(t: np.ndarray, start: float, ramp: float, hold: float) -> np.ndarray:
+    u = t - start
+    up = 0.5 - 0.5 * np.cos(np.pi * np.clip(u / ramp, 0, 1))
+    down = 0.5 - 0.5 * np.cos(np.pi * np.clip((u - ramp - hold) / ramp, 0, 1))
+    return up - down
+
+
+def run_world(platform: str, pairs: int, seed: int, seconds: float = 5.0) -> dict:
+    """Simulate ``pairs`` contact runs and their twins; returns per-frame arrays."""
+    p = load_platform(platform)
+    cfg = load_contact_config(p)
+    surf = LinkSurfaces.build(p, cfg)
+    params = load_world(p, seed=seed)
+    rng = np.random.default_rng(seed)
+    n, K = p.n, len(surf.names)
+    rest = np.asarray(params.workspace["rest_pose"], float)
+    arm = np.array([j not in p.gripper_indices for j in range(n)])
+    postures = rest + arm * rng.normal(0, 0.25, (pairs, n))
+    link = rng.integers(0, K, pairs)
+    point_idx = np.array([rng.integers(len(surf.points[k])) for k in link])
+    mag = rng.uniform(1.0, 10.0, pairs)
+    start = rng.uniform(1.5, 2.5, pairs)
+    tang = rng.uniform(-1, 1, (pairs, 4)) * float(cfg["friction"]) * 0.9
+    frames = int(round(seconds / p.control_dt))
+    t = np.arange(frames) * p.control_dt
+    sched = np.stack([_schedule(t, s, 0.2, 1.2) for s in start], 1) * mag  # (T, pairs)
+
+    world = World(p, params, seed=list(range(2 * pairs)), n_envs=2 * pairs)
+    q0 = np.concatenate([postures, postures])
+    world.reset(q0)
+    world.step(float(params.physics["settle_seconds"]))
+    logs = {k: np.zeros((frames, 2 * pairs, n)) for k in ("q", "qd", "effort", "current",
+                                                          "torque_true")}
+    f_world = np.zeros((frames, pairs, 3))
+    local = np.stack([surf.points[k][i] for k, i in zip(link, point_idx, strict=True)])
+    normal_local = np.stack([surf.normals[k][i] for k, i in zip(link, point_idx, strict=True)])
+    bodies = np.concatenate([surf.bodies[link], np.full(pairs, -1)])
+    for k in range(frames):
+        tel = world.telemetry()
+        for key in logs:
+            logs[key][k] = tel[key]
+        # The push direction in the base frame, into the surface at the current pose.
+        dirs = np.zeros((2 * pairs, 3))
+        for e in range(pairs):
+            d = world.datas[e]
+            R = d.xmat[bodies[e]].reshape(3, 3)
+            D = _pyramid(R @ normal_local[e], float(cfg["friction"]))
+            w = np.array([1.0, 1.0, 1.0, 1.0]) + tang[e]
+            v = D @ (w / w.sum())
+            dirs[e] = v / np.linalg.norm(v)
+        force = dirs * np.concatenate([sched[k], np.zeros(pairs)])[:, None]
+        f_world[k] = force[:pairs]
+        world.set_link_contact(np.where(np.abs(force).sum(1) > 0, bodies, -1),
+                               np.concatenate([local, local]), force)
+        world.step(p.control_dt)
+    return {"logs": logs, "force": f_world, "link": link, "local": local, "t": t,
+            "control_dt": p.control_dt, "platform": p.name}
+
+
+def _residual(dyn: ArmDynamics, q: np.ndarray, qd: np.ndarray, tau_motor: np.ndarray,
+              dt: float) -> np.ndarray:
+    """tau_ext = ID(q, qd, qdd) - tau_motor per frame; qdd from the smoothed velocity."""
+    k = np.ones(5) / 5
+    qd_s = np.apply_along_axis(lambda x: np.convolve(x, k, mode="same"), 0, qd)
+    qdd = np.gradient(qd_s, dt, axis=0)
+    with torch.no_grad():
+        tau_id = dyn.inverse_dynamics(torch.as_tensor(q, dtype=torch.float64),
+                                      torch.as_tensor(qd_s, dtype=torch.float64),
+                                      torch.as_tensor(qdd, dtype=torch.float64)).numpy()
+    return tau_id - tau_motor
+
+
+def evaluate(data: dict, folds: int = 5) -> dict:
+    p = load_platform(data["platform"])
+    cfg = load_contact_config(p)
+    surf = LinkSurfaces.build(p, cfg)
+    dyn = ArmDynamics.for_platform(p)
+    logs, dt = data["logs"], data["control_dt"]
+    pairs = data["link"].size
+    envs = 2 * pairs
+    signal = "current" if np.isfinite(logs["current"]).all() else "effort"
+    tau_id = np.stack([_residual(dyn, logs["q"][:, e], logs["qd"][:, e],
+                                 np.zeros_like(logs["q"][:, e]), dt) for e in range(envs)], 1)
+    fold_of = np.arange(pairs) % folds
+    mag = np.linalg.norm(data["force"], axis=2)  # (T, pairs)
+    q_quant, margin = float(cfg["threshold_quantile"]), float(cfg["threshold_margin"])
+    rows: dict[str, list[dict]] = {}
+    tare = slice(10, int(round(1.0 / dt)))  # the first second: no press starts before 1.5 s
+    for f in range(folds):
+        train = np.flatnonzero(fold_of != f)
+        test = np.flatnonzero(fold_of == f)
+        twins_train = pairs + train
+        # Classical torque: tau = a u + b per joint, fitted on the training twins (no contact).
+        u = logs[signal][:, twins_train].reshape(-1, p.n)
+        y = tau_id[:, twins_train].reshape(-1, p.n)
+        coef = [np.polyfit(u[:, j], y[:, j], 1) for j in range(p.n)]
+        sources = {
+            "oracle": logs["torque_true"],
+            "current_id": np.stack([np.polyval(coef[j], logs[signal][..., j])
+                                    for j in range(p.n)], -1),
+        }
+        for (name, tau_motor), tared in [(s, t) for s in sources.items() for t in (False, True)]:
+            # ID - motor (tau_id holds ID(q, qd, qdd)); only the joints that move a contact
+            # link (the gripper's jaw joint carries none of these contacts).
+            res = (tau_id - tau_motor)[..., : int(surf.last_joint.max()) + 1]
+            if tared:  # zeroed on the run's first contact-free second, as a tared F/T sensor
+                res = res - res[tare].mean(0, keepdims=True)
+                name = f"{name}_tared"
+            skip = 10  # filter edge frames
+            thr = calibrate_threshold(res[skip:-skip, twins_train].reshape(-1, res.shape[-1]),
+                                      q_quant, margin)
+            rows.setdefault(name, []).append(
+                _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, f))
+    summary = {}
+    for name, rs in rows.items():
+        keys = [k for k in rs[0] if k != "fold"]
+        summary[name] = {k: {"mean": float(np.nanmean([r[k] for r in rs])),
+                             "std": float(np.nanstd([r[k] for r in rs])),
+                             "per_fold": [r[k] for r in rs]} for k in keys}
+    summary["meta"] = {"pairs": int(pairs), "folds": folds, "signal": signal,
+                       "frames": int(logs["q"].shape[0]), "control_dt": dt}
+    return summary
+
+
+def _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, fold) -> dict:
+    dt = data["control_dt"]
+    mu = float(cfg["friction"])
+    idle = res[skip:-skip, pairs + test]
+    false_alarm = float(detect(idle.reshape(-1, idle.shape[-1]), thr).mean())
+    det, delays, iso, iso_tip, err_cm, err_tip_cm, ferr, ferr_tip = [], [], [], [], [], [], [], []
+    for e in test:
+        on = np.flatnonzero(mag[:, e] > 0)
+        hold = np.flatnonzero(mag[:, e] >= 0.999 * mag[:, e].max())
+        if mag[:, e].max() < 2.0:
+            continue
+        hits = detect(res[on, e], thr)
+        det.append(bool(hits.any()))
+        if hits.any():
+            delays.append(float(np.argmax(hits)) * dt * 1000.0)
+        # One estimate per press: the hold phase's mean residual at its mean posture.
+        q = data["logs"]["q"][hold, e].mean(0)
+        tau = np.zeros(q.size)
+        tau[: res.shape[-1]] = res[hold, e].mean(0)
+        j = isolate(tau[: thr.size], thr)
+        est = localise(surf, q, tau, j, mu)
+        k = int(data["link"][e])
+        p_true, _, _ = surf.world_points(q, k, data["local"][e])
+        f_true = data["force"][hold, e].mean(0)
+        iso.append(est.link == k)
+        err_cm.append(100 * float(np.linalg.norm(est.point_world - p_true[0])))
+        ferr.append(float(abs(np.linalg.norm(est.force) - np.linalg.norm(f_true))))
+        # Today's tip-only estimate: the residual as an end-effector force at the EE point.
+        with torch.no_grad():
+            qt = torch.as_tensor(q[None], dtype=torch.float64)
+            J = dyn.ee_jacobian(qt)[0].numpy()
+            p_ee = dyn.kin.ee_position(qt)[0].numpy()
+        f_tip = np.linalg.lstsq(J.T, tau, rcond=None)[0]
+        iso_tip.append(k == len(surf.names) - 1)
+        err_tip_cm.append(100 * float(np.linalg.norm(p_ee - p_true[0])))
+        ferr_tip.append(float(abs(np.linalg.norm(f_tip) - np.linalg.norm(f_true))))
+    return {"fold": fold, "detection": float(np.mean(det)), "false_alarm": false_alarm,
+            "delay_ms": float(np.median(delays)) if delays else float("nan"),
+            "isolation": float(np.mean(iso)), "localisation_cm": float(np.median(err_cm)),
+            "force_err_n": float(np.median(ferr)), "tip_isolation": float(np.mean(iso_tip)),
+            "tip_localisation_cm": float(np.median(err_tip_cm)),
+            "tip_force_err_n": float(np.median(ferr_tip)), "events": len(det)}
+
+
+def _plot(summary: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [k for k in summary if k != "meta"]
+    keys = [("detection", "detection (>=2 N)"), ("false_alarm", "false alarms (idle)"),
+            ("isolation", "link isolation")]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 3.4))
+    x = np.arange(len(keys))
+    w = 0.8 / (len(names) + 1)
+    for i, nm in enumerate(names):
+        ax[0].bar(x + w * i, [summary[nm][k]["mean"] for k, _ in keys], w,
+                  yerr=[summary[nm][k]["std"] for k, _ in keys], label=nm)
+    ax[0].bar(x[2] + w * len(names), summary["oracle"]["tip_isolation"]["mean"], w,
+              label="tip-only")
+    ax[0].set_xticks(x + 0.4, [lbl for _, lbl in keys])
+    ax[0].legend(fontsize=7)
+    loc = [summary[nm]["localisation_cm"]["mean"] for nm in names] + \
+          [summary["oracle"]["tip_localisation_cm"]["mean"]]
+    ax[1].bar([*names, "tip-only"], loc)
+    ax[1].tick_params(axis="x", labelsize=7, rotation=20)
+    ax[1].axhline(3.0, color="k", ls="--", lw=0.8)
+    ax[1].set_ylabel("median point error [cm]")
+    fig.tight_layout()
+    write_png(path, fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--platform", default="so101")
+    ap.add_argument("--pairs", type=int, default=40)
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--out", default="runs/contact")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = evaluate(run_world(a.platform, a.pairs, a.seed, a.seconds), a.folds)
+    write_json(out / "summary.json", summary)
+    _plot(summary, out / "contact.png")
+    print(json.dumps({k: {m: round(v["mean"], 4) for m, v in s.items()}
+                      for k, s in summary.items() if k != "meta"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Contact anywhere on the arm (issue 23): the world applies the labelled force, and
+isolation + NNLS localisation recover a known contact from its exact joint torque."""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+import pytest
+
+from nactuator.contact import (
+    LinkSurfaces,
+    calibrate_threshold,
+    detect,
+    isolate,
+    load_contact_config,
+    localise,
+)
+from nactuator.platforms import load_platform
+from nactuator.world import World, load_world
+
+
+@pytest.fixture(scope="module")
+def so101():
+    p = load_platform("so101")
+    cfg = load_contact_config(p)
+    return p, cfg, LinkSurfaces.build(p, cfg)
+
+
+def test_world_applies_the_labelled_force_at_the_point(so101):
+    p, _, surf = so101
+    world = World(p, load_world(p, seed=0), n_envs=1)
+    q = np.array([0.1, -0.4, 0.6, 0.3, 0.2, 0.5])
+    world.reset(q)
+    link = surf.names.index("lower_arm")
+    local, f = np.array([-0.06, 0.0, 0.02]), np.array([1.0, -2.0, 3.0])
+    world.set_link_contact(int(surf.bodies[link]), local, f)
+    m, d = world.models[0], world.datas[0]
+    d.xfrc_applied[:] = 0.0
+    world._apply_link_contact(d, 0)
+    # What the applied wrench does to the joints (MuJoCo's own map of a COM wrench) ...
+    qfrc = np.zeros(m.nv)
+    b = int(surf.bodies[link])
+    mujoco.mj_applyFT(m, d, d.xfrc_applied[b, :3].copy(), d.xfrc_applied[b, 3:].copy(),
+                      d.xipos[b].copy(), b, qfrc)
+    # ... equals J_p^T f of the labelled point, J_p from mj_jac at that point.
+    p_world = d.xpos[b] + d.xmat[b].reshape(3, 3) @ local
+    jacp = np.zeros((3, m.nv))
+    mujoco.mj_jac(m, d, jacp, None, p_world, b)
+    np.testing.assert_allclose(qfrc, jacp.T @ f, atol=1e-9)
+    assert np.abs(qfrc[3:]).max() == 0.0  # a force on the forearm moves no wrist joint
+
+
+def test_contact_moves_the_world_and_clears(so101):
+    p, _, surf = so101
+    params = load_world(p, seed=0)
+    world = World(p, params, n_envs=2)
+    q = np.array([0.0, -0.4, 0.6, 0.3, 0.0, 0.5])
+    world.reset(q)
+    world.set_torque_enabled(False)
+    link = surf.names.index("lower_arm")
+    world.set_link_contact([int(surf.bodies[link]), -1], [-0.1, 0, 0], [0.0, 0.0, -10.0])
+    world.step(0.05)
+    assert not np.allclose(world.q[0], world.q[1])  # the pressed arm moved differently
+    world.set_link_contact(-1, np.zeros(3), np.zeros(3))
+    world.step(0.01)
+    assert np.abs(world.datas[0].xfrc_applied).max() == 0.0
+
+
+@pytest.mark.parametrize("name,index", [("upper_arm", 17), ("lower_arm", 101), ("wrist", 60),
+                                        ("gripper", 120)])
+def test_isolation_and_nnls_recover_a_known_contact(so101, name, index):
+    p, cfg, surf = so101
+    q = np.array([0.2, -0.5, 0.7, 0.4, 0.3, 0.5])
+    k = surf.names.index(name)
+    pts, nrm, d = surf.world_points(q, k)
+    # A push into the surface, inside the friction cone, 6 N.
+    t = np.cross(nrm[index], [0.0, 0.0, 1.0])
+    f = -nrm[index] + 0.3 * t / np.linalg.norm(t)
+    f *= 6.0 / np.linalg.norm(f)
+    tau = surf.point_jacobian(d, k, pts[index]).T @ f
+    thr = np.full(p.n, 0.01)
+    j = isolate(tau, thr)
+    assert j in (surf.last_joint[k], surf.last_joint[k] - 1)  # the last joint may be silent
+    est = localise(surf, q, tau, j, float(cfg["friction"]))
+    assert est.link == k
+    fit = surf.point_jacobian(d, k, est.point_world).T @ est.force
+    assert np.linalg.norm(fit - tau) <= 0.006 * np.linalg.norm(tau)
+    if name in ("upper_arm", "lower_arm"):
+        return  # 2-3 joints see it: fewer equations than 3 force axes + 2 surface coordinates
+    assert np.linalg.norm(est.point_world - pts[index]) < 0.03
+    np.testing.assert_allclose(est.force, f, atol=0.05)
+
+
+def test_threshold_calibration_bounds_idle_false_alarms():
+    rng = np.random.default_rng(0)
+    idle = rng.normal(0, [0.01, 0.02, 0.03], size=(20000, 3))
+    thr = calibrate_threshold(idle, quantile=0.999, margin=1.0)
+    fresh = rng.normal(0, [0.01, 0.02, 0.03], size=(20000, 3))
+    rate = detect(fresh, thr).mean()
+    assert 0.0005 < rate < 0.006  # ~3 joints x 0.1 %
+    np.testing.assert_allclose(thr, 3.29 * np.array([0.01, 0.02, 0.03]), rtol=0.08)
+    with pytest.raises(ValueError, match="10 finite"):
+        calibrate_threshold(np.full((5, 3), 0.1))
+
+
+def _frames(n: int, length: int, rng) -> dict:
+    f = {k: rng.normal(size=(length, n)) for k in ("q_cmd", "q", "qd", "effort")}
+    f.update(voltage=np.full((length, n), 12.0), temperature=np.full((length, n), 30.0),
+             timestamp=np.arange(length) * 0.016)
+    return f
+
+
+def test_contact_columns_round_trip_and_older_datasets_still_read(tmp_path):
+    import pyarrow.parquet as pq
+
+    from nactuator.data.reader import read_dataset
+    from nactuator.data.writer import DatasetWriter
+
+    p = load_platform("so101")
+    rng = np.random.default_rng(0)
+    frames = _frames(p.n, 50, rng)
+    link = np.where(np.arange(50) >= 20, 3.0, np.nan)
+    point = np.where(link[:, None] > 0, [-0.05, 0.01, 0.02], np.nan)
+    force = np.where(link[:, None] > 0, [0.0, 0.0, -4.0], np.nan)
+    frames.update(contact_link=link, contact_point=point, contact_force=force)
+    root = tmp_path / "ds"
+    w = DatasetWriter(root, p, fps=p.fps, metadata={})
+    w.add_episode(frames, "press", "train")
+    w.add_episode(_frames(p.n, 30, rng), "free", "train")  # no contact labels given
+    w.close()
+    ds = read_dataset(root)
+    e0, e1 = ds.episodes
+    np.testing.assert_array_equal(e0.frames["contact_link"], link.astype(np.float32))
+    np.testing.assert_allclose(e0.frames["contact_point"], point.astype(np.float32))
+    np.testing.assert_allclose(e0.frames["contact_force"], force.astype(np.float32))
+    assert np.isnan(e1.frames["contact_force"]).all()
+    # A dataset written before the columns existed: drop them from the data files.
+    for f in (root / "data").rglob("*.parquet"):
+        t = pq.read_table(f)
+        keep = [c for c in t.column_names if not c.startswith("observation.contact_")]
+        pq.write_table(t.select(keep), f)
+    old = read_dataset(root)
+    assert np.isnan(old.episodes[0].frames["contact_link"]).all()
+    np.testing.assert_array_equal(old.episodes[0].frames["q"], ds.episodes[0].frames["q"])
