@@ -567,8 +567,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start: camera centre moved by this many metres")
     s.add_argument("--rotation", type=float, default=5.0,
                    help="start: camera turned by this many degrees")
-    s.add_argument("--iterations", type=int, default=150)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--iterations", type=int, default=150, help="Adam steps on the extrinsic")
+    s.add_argument("--seed", type=int, default=0,
+                   help="seed of the states, the mask noise and the perturbation direction")
     s.add_argument("--no-noise", action="store_true", help="fit on clean masks")
     s.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's)")
     s.add_argument("--out", default=None,
