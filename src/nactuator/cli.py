@@ -157,6 +157,23 @@ def _correct(a: argparse.Namespace) -> int:
     return 0
 
 
+def _vision(a: argparse.Namespace) -> int:
+    import json
+
+    from nactuator.vision.run import calibrate_synthetic, format_report
+
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    r = calibrate_synthetic(a.camera, frames=a.frames, held_out=a.held_out,
+                            translation=a.translation, rotation_deg=a.rotation, seed=a.seed,
+                            iterations=a.iterations, noise=not a.no_noise, out=a.out,
+                            device=a.device)
+    print(json.dumps(r, indent=1) if a.json else format_report(r))
+    return 0
+
+
 def _infer(a: argparse.Namespace) -> int:
     _check_model_paths(a.ckpt)
     from nactuator.eval.infer import infer
@@ -564,6 +581,31 @@ def build_parser() -> argparse.ArgumentParser:
                         "eval.world_seed)")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.set_defaults(func=_correct)
+
+    vis = sub.add_parser("vision", help="image-space supervision: hand-eye calibration from "
+                         "silhouettes (docs/vision.md)")
+    vsub = vis.add_subparsers(dest="vision_command", required=True, metavar="ACTION")
+    s = vsub.add_parser("calibrate", help="refine a perturbed camera extrinsic from soft "
+                        "silhouettes vs MuJoCo ray-cast masks (synthetic, judged against the "
+                        "true camera)")
+    s.add_argument("--camera", default="so101_front",
+                   help="camera file or name under conf/vision/cameras/ (the true camera)")
+    s.add_argument("--frames", type=int, default=8, help="frames (joint states) to fit on")
+    s.add_argument("--held-out", type=int, default=8, help="frames to score the IoU on")
+    s.add_argument("--translation", type=float, default=0.05,
+                   help="start: camera centre moved by this many metres")
+    s.add_argument("--rotation", type=float, default=5.0,
+                   help="start: camera turned by this many degrees")
+    s.add_argument("--iterations", type=int, default=150, help="Adam steps on the extrinsic")
+    s.add_argument("--seed", type=int, default=0,
+                   help="seed of the states, the mask noise and the perturbation direction")
+    s.add_argument("--no-noise", action="store_true", help="fit on clean masks")
+    s.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's)")
+    s.add_argument("--out", default=None,
+                   help="folder for calibrate.json and the refined camera.yaml")
+    s.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    s.set_defaults(func=_vision)
 
     s = sub.add_parser("infer", help="causal force/gate/condition from telemetry (no simulator)")
     s.add_argument("--ckpt", required=True, help=MODEL_HELP)
