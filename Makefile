@@ -3,7 +3,6 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-export WARP_CACHE_PATH := $(CURDIR)/.cache/warp
 export WANDB_MODE ?= offline
 
 PLATFORM ?= so101

@@ -14,7 +14,7 @@ on a larger synthetic OMX dataset:
   naive per-sample baseline;
 * NAD import throughput (frames/s).
 
-Run:  WARP_CACHE_PATH=.cache/warp .venv/bin/python bench/data.py [--seconds 1]
+Run:  .venv/bin/python bench/data.py [--seconds 1]
       (``--synthetic 40x200 --seconds 0.05``: the test suite's smoke run)
 """
 

@@ -8,7 +8,7 @@ on TorchScript for comparison) with their accuracy against eager. The paths are 
 in interleaved rounds so that load from other processes hits them alike; ratios are
 against eager measured in the same run.
 
-    WARP_CACHE_PATH=.cache/warp .venv/bin/python bench/infer.py            # transformer
+    .venv/bin/python bench/infer.py            # transformer
     .venv/bin/python bench/infer.py --arch gru --rounds 5 --json out.json
 
 ``--models FILE... --data DATASET`` times ``nactuator infer``'s own path instead

@@ -9,7 +9,7 @@ inference + command write. Baseline, same run: the bare vendor SDK group read of
 telemetry block (what the read costs without our layer). ``--fps`` paces the loop faster
 than the platform's rate, to measure the rate a model sustains.
 
-    WARP_CACHE_PATH=.cache/warp .venv/bin/python bench/live.py [--seconds 5] [--rrd]
+    .venv/bin/python bench/live.py [--seconds 5] [--rrd]
     .venv/bin/python bench/live.py --model runs/so101/actuator-int8.onnx --fps 120
 
 ``--rrd``: each case runs twice more, without and with a Rerun recording to a file (what
@@ -35,7 +35,7 @@ from nactuator.control.live import LiveLoop, summarize_timings
 from nactuator.hardware.open import open_bus
 from nactuator.input_filters import input_filter_spec
 from nactuator.models import NeuralActuator, load_model
-from nactuator.paths import use_project_warp_cache
+from nactuator.paths import use_warp_cache
 from nactuator.platforms import load_platform
 from nactuator.viewer import Viewer
 
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--timing", choices=["off", "on", "both"], default="both",
                     help="emulated bus timing at 1 Mbps")
     args = ap.parse_args(argv)
-    use_project_warp_cache()
+    use_warp_cache()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     print(f"live loop, {args.seconds:g} s per case, torch {torch.__version__}, "

@@ -32,10 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from nactuator.paths import use_project_warp_cache  # noqa: E402
+from nactuator.paths import use_warp_cache  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-use_project_warp_cache()
+use_warp_cache()
 
 import torch  # noqa: E402
 

@@ -36,10 +36,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nactuator.paths import use_project_warp_cache
+from nactuator.paths import use_warp_cache
 
 ROOT = Path(__file__).resolve().parents[1]
-use_project_warp_cache()
+use_warp_cache()
 
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402

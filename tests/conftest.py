@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the real data lives, and a project-local Warp kernel cache."""
+"""Shared test fixtures: where the real data lives, and the Warp kernel cache the commands use."""
 
 from __future__ import annotations
 
@@ -7,10 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from nactuator.paths import warp_cache_dir
+
 ROOT = Path(__file__).resolve().parents[1]
 # Real data sits beside the project (../shared), never inside it.
 SHARED = Path(os.environ.get("NACTUATOR_SHARED", ROOT.parent / "shared"))
-os.environ.setdefault("WARP_CACHE_PATH", str(ROOT / ".cache" / "warp"))
+# The same per-user kernel cache a user's commands use (nactuator.paths.warp_cache_dir): a fresh
+# clone compiles nothing a previous one compiled.
+os.environ.setdefault("WARP_CACHE_PATH", str(warp_cache_dir()))
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("MPLBACKEND", "Agg")
 

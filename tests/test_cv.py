@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,6 +48,19 @@ def test_fold_arguments_are_checked():
         fold_splits(refs({"a": 3}), 1, 0)
     with pytest.raises(DataFormatError, match="fold must be in 0..2"):
         fold_splits(refs({"a": 3}), 3, 3)
+
+
+def test_eval_wants_one_output_folder_per_model(tmp_path, capsys):
+    from nactuator.cli import main
+
+    ckpt = tmp_path / "a.ckpt"
+    ckpt.write_bytes(b"x")
+    assert main(["eval", "--ckpt", str(ckpt), str(ckpt), "--data", str(tmp_path),
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "2 --ckpt value(s) but 1 --out folder(s)" in capsys.readouterr().err
+    assert main(["eval", "--ckpt", str(ckpt), str(ckpt), "--data", str(tmp_path),
+                 "--out", "x", "y", "--compare", str(ckpt)]) == 2
+    assert "--compare goes with a single --ckpt" in capsys.readouterr().err
 
 
 def test_the_datamodule_serves_a_fold(tmp_path):
@@ -108,6 +122,9 @@ def test_cv_trains_and_scores_a_fold_and_resumes(tmp_path):
         held = json.loads((tmp_path / "cv" / "fold_0" / f"eval_{selection}" /
                            "metrics.json").read_text())
         assert held["cv"] == {"folds": 3, "fold": 0} and held["episodes"] == 1
+        # one eval process scored both, each its own file
+        assert Path(held["checkpoint"]).name.startswith(
+            "last" if selection == "last" else "best-epoch=")
     assert "| arm mean (deg), model |" in text and (tmp_path / "cv" / "cv.png").is_file()
     # a finished fold is not run again
     stamp = (tmp_path / "cv" / "fold_0" / "eval_best" / "metrics.json").stat().st_mtime_ns

@@ -10,6 +10,8 @@ from pathlib import Path
 import nbclient  # dev dependencies `make setup` installs: a broken install fails, not skips
 import nbformat
 
+from nactuator.paths import warp_cache_dir
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "quickstart.ipynb"
 
@@ -31,7 +33,7 @@ def test_quickstart_runs_headless(tmp_path, monkeypatch):
     monkeypatch.setenv("NACTUATOR_SHARED", str(Path(os.environ.get(
         "NACTUATOR_SHARED", ROOT.parent / "shared")).resolve()))
     monkeypatch.setenv("NACTUATOR_CONF", str(ROOT / "conf"))
-    monkeypatch.setenv("WARP_CACHE_PATH", str(ROOT / ".cache" / "warp"))
+    monkeypatch.setenv("WARP_CACHE_PATH", str(warp_cache_dir()))
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel draws inline, as for a user
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nactuator.paths import warp_cache_dir
 from nactuator.platforms import conf_dir
 from nactuator.training.cli import lightning_main, logger_config, rewrite_args, train
 
@@ -115,7 +116,7 @@ def test_ddp_two_cpu_processes(data, tmp_path):
     """`--trainer.strategy=ddp` with 2 CPU processes (gloo): both ranks train, the
     checkpoint is written once and its weights are finite."""
     out = tmp_path / "ddp"
-    env = dict(os.environ, WARP_CACHE_PATH=str(ROOT / ".cache" / "warp"))
+    env = dict(os.environ, WARP_CACHE_PATH=str(warp_cache_dir()))
     cmd = [sys.executable, "-m", "nactuator.cli", "fit", "--config", BASE,
            "--platform", "so101", f"--data.paths=[{data}]", *tiny_args(out),
            "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
@@ -144,7 +145,7 @@ def test_ddp_two_nodes_on_loopback(data, tmp_path):
     procs = []
     for node_rank in (0, 1):
         out = tmp_path / f"node{node_rank}"
-        env = dict(os.environ, WARP_CACHE_PATH=str(ROOT / ".cache" / "warp"),
+        env = dict(os.environ, WARP_CACHE_PATH=str(warp_cache_dir()),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(node_rank))
         cmd = [sys.executable, "-m", "nactuator.cli", "fit", "--config", BASE,
                "--platform", "so101", f"--data.paths=[{data}]", *tiny_args(out),

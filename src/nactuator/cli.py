@@ -100,13 +100,23 @@ def _check_model_paths(*paths: str | None) -> None:
 
 
 def _eval(a: argparse.Namespace) -> int:
-    _check_model_paths(a.ckpt, a.compare)
+    from nactuator.errors import UserError
+
+    if len(a.ckpt) != len(a.out):
+        raise UserError(f"eval: {len(a.ckpt)} --ckpt value(s) but {len(a.out)} --out "
+                        "folder(s); give one output folder per model")
+    if a.compare is not None and len(a.ckpt) > 1:
+        raise UserError("eval: --compare goes with a single --ckpt")
+    _check_model_paths(*a.ckpt, a.compare)
     from nactuator.eval import evaluate
 
     cv = None if a.cv_folds is None else (a.cv_folds, a.cv_fold)
-    print(evaluate(a.ckpt, a.data, split=a.split, out=a.out, device=a.device, cv=cv,
-                   baselines=a.baselines, baselines_config=a.baselines_config,
-                   compare=a.compare))
+    # Several models in one process share the imports and the compiled simulator (`cv`
+    # scores best and last of a fold this way: one start-up instead of two).
+    for ckpt, out in zip(a.ckpt, a.out):
+        print(evaluate(ckpt, a.data, split=a.split, out=out, device=a.device, cv=cv,
+                       baselines=a.baselines, baselines_config=a.baselines_config,
+                       compare=a.compare))
     return 0
 
 
@@ -461,12 +471,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_train, passthrough=True)
 
     s = sub.add_parser("eval", help="evaluation protocol: rollouts, metrics, plots")
-    s.add_argument("--ckpt", required=True, help=MODEL_HELP)
+    s.add_argument("--ckpt", required=True, nargs="+", metavar="CKPT",
+                   help=MODEL_HELP + "; several are scored one after the other, each into "
+                   "its own --out folder")
     s.add_argument("--data", required=True, help="dataset path(s), comma separated")
     s.add_argument("--split", default="test", choices=["train", "validation", "test"],
                    help="episodes to evaluate (default: test)")
-    s.add_argument("--out", required=True,
-                   help="folder for metrics.json, metrics.md and the PNG plots")
+    s.add_argument("--out", required=True, nargs="+", metavar="FOLDER",
+                   help="folder for metrics.json, metrics.md and the PNG plots (one per --ckpt)")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--folds", "--cv-folds", dest="cv_folds", type=int, default=None,
                    help="evaluate with the splits of a cross-validation fold (see `cv`)")
@@ -890,10 +902,10 @@ def main(argv: list[str] | None = None) -> int:
         debug = True
         argv = [x for x in argv if x != "--debug"]
     command = " ".join(x for x in argv[:2] if not x.startswith("-")) or "nactuator"
-    # Warp compiles kernels once into the project's cache, wherever the command runs from.
-    from nactuator.paths import use_project_warp_cache
+    # Warp compiles kernels once into the per-user cache, wherever the command runs from.
+    from nactuator.paths import use_warp_cache
 
-    use_project_warp_cache()
+    use_warp_cache()
     try:
         return _run(argv)
     except KeyboardInterrupt:

@@ -92,10 +92,10 @@ def _run_fold(platform: str, paths: list[str], folds: int, fold: int, out: Path,
                 f"--trainer.default_root_dir={fold_dir}", "--logger", "csv",
                 "--trainer.enable_progress_bar=false", *extra_args], log)
     scores = {s: fold_dir / f"eval_{s}" / "metrics.json" for s in _selections(fold_dir)}
-    for selection in scores:
-        _run(["eval", "--ckpt", str(_checkpoint(fold_dir, selection)),
-                    "--data", ",".join(paths), "--split", "test", "--folds", str(folds),
-                    "--fold", str(fold), "--out", str(scores[selection].parent)], log)
+    # One `eval` process scores every selection (one start-up and one kernel load per fold).
+    _run(["eval", "--ckpt", *(str(_checkpoint(fold_dir, s)) for s in scores),
+          "--data", ",".join(paths), "--split", "test", "--folds", str(folds),
+          "--fold", str(fold), "--out", *(str(p.parent) for p in scores.values())], log)
     return scores
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from nactuator.paths import cache_dir, conf_dir, use_project_warp_cache
+from nactuator.paths import cache_dir, conf_dir, use_warp_cache
 from nactuator.platforms import PlatformError, load_platform
 
 LOGGERS = ("tensorboard", "wandb", "csv", "none")
@@ -152,7 +152,7 @@ def lightning_main(argv: Sequence[str], run: bool = True) -> Any:
 
     Returns the LightningCLI object (its ``trainer``, ``model`` and ``datamodule``).
     """
-    use_project_warp_cache()
+    use_warp_cache()
     from nactuator.data.datamodule import NADDataModule
     from nactuator.training.module import NeuralActuatorModule
 
