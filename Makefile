@@ -24,11 +24,13 @@ setup:
 	@echo "activate the environment to get the nactuator command: source $(VENV)/bin/activate"
 
 # Two worker processes (pytest-xdist): the suite is one process's imports and child trainings
-# end to end, so a second core halves it. TEST_JOBS=1 runs it in one process; auto uses every core.
+# end to end, so a second core halves it (worksteal: a worker that runs dry takes queued tests
+# from the other, so one long test does not leave a core idle). TEST_JOBS=1 runs it in one
+# process; auto uses every core.
 TEST_JOBS ?= 2
 
 test:
-	$(PY) -m pytest -q -n $(TEST_JOBS) --durations=10
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal --durations=10
 
 # A bounded sample of the slow tests (`.ci/run` runs it after `make test`; 339 s measured
 # with the 2 cores at a load average of 6, DDP the longest at 104 s): DDP with 2 processes, the Newton closed-loop FD on every platform (the fast

@@ -183,16 +183,21 @@ def test_adapt_config_errors_name_the_key(tmp_path):
         load_adapt_config(bad)
 
 
+# One fine-tune in the fast suite (a child training costs ~20 s of start-up here); the nested
+# N = 1, 2 pair runs with the slow tests. The pool order that makes the subsets nested is
+# checked above without training (test_the_pool_interleaves_...).
+@pytest.mark.parametrize("counts", [(2,), pytest.param((1, 2), marks=pytest.mark.slow)],
+                         ids=["n2", "n1-n2"])
 def test_adapt_writes_the_curve_and_n0_is_the_checkpoint(pretrained, new_data, tmp_path,
-                                                          capsys):
+                                                          capsys, counts):
     out = tmp_path / "adapt"
     code = main(["adapt", "--ckpt", str(pretrained), "--data", str(new_data),
-                 "--episodes", "1", "2", "--out", str(out), "--",
+                 "--episodes", *map(str, counts), "--out", str(out), "--",
                  "--trainer.max_epochs=2", "--data.samples_per_epoch=4",
                  "--data.batch_size=4", "--data.horizon={0: 3}"])
     assert code == 0
     result = json.loads((out / "adapt.json").read_text())
-    assert [p["n"] for p in result["points"]] == [0, 1, 2]
+    assert [p["n"] for p in result["points"]] == [0, *counts]
     assert result["held_out"]["split"] == "test" and len(result["held_out"]["episodes"]) == 1
     printed = capsys.readouterr().out
     assert "| N | fine-tune s |" in printed and "| 2 |" in printed
@@ -219,7 +224,8 @@ def test_adapt_writes_the_curve_and_n0_is_the_checkpoint(pretrained, new_data, t
         assert p["fit_s"] > 0 and p["process_s"] >= p["fit_s"]
         ft, meta = load_actuator(p["checkpoint"])
         assert meta["model_config"]["d_model"] == 16
-    assert result["points"][1]["episodes"] == result["points"][2]["episodes"][:1]
+    if len(counts) == 2:
+        assert result["points"][1]["episodes"] == result["points"][2]["episodes"][:1]
     # the time curve: every epoch of the largest N, in order of wall time
     curve = result["time_curve"]
     assert [(t["n"], t["epoch"]) for t in curve] == [(2, 0), (2, 1)]

@@ -113,7 +113,7 @@ def _eval(a: argparse.Namespace) -> int:
     cv = None if a.cv_folds is None else (a.cv_folds, a.cv_fold)
     # Several models in one process share the imports and the compiled simulator (`cv`
     # scores best and last of a fold this way: one start-up instead of two).
-    for ckpt, out in zip(a.ckpt, a.out):
+    for ckpt, out in zip(a.ckpt, a.out, strict=True):
         print(evaluate(ckpt, a.data, split=a.split, out=out, device=a.device, cv=cv,
                        baselines=a.baselines, baselines_config=a.baselines_config,
                        compare=a.compare))
