@@ -59,7 +59,7 @@ def pool_subset(full: Path, out: Path, runs: int) -> Path:
     return _write_subset(out, load_platform(ds.platform), ds.fps, chosen, [])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="synthetic dataset (nactuator data synth)")
     ap.add_argument("--out", default="runs/de")
@@ -72,7 +72,7 @@ def main() -> None:
                     help="redraw from OUT/data_efficiency.json (with --overlay), train nothing")
     ap.add_argument("--overlay", nargs="*", default=[], metavar="LABEL=JSON",
                     help="also plot the points of another run's data_efficiency.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.plot_only:
         saved = json.loads((Path(args.out) / "data_efficiency.json").read_text())
         results = {a: {int(n): v for n, v in by_n.items()} for a, by_n in saved["results"].items()}

@@ -130,3 +130,18 @@ def test_bench_dropped_reads_runs(tiny, capsys):
     assert re.search(r"validation: 1 episode\(s\), \d+ of 720 motor-frames dropped", out), out
     [row] = table_rows(out, str(bundle))
     assert all(re.match(r"[\d.]+ N, [\d.]+ %", c) for c in row[1:]), row
+
+
+def test_bench_render_runs_with_its_baselines(capsys):
+    bench_main("render")(["--batches", "1,2", "--repeats", "1"])
+    out = capsys.readouterr().out
+    ray = re.search(r"MuJoCo ray cast, 1 frame \(forward only\): ([\d.]+) ms", out)
+    assert ray and float(ray.group(1)) > 0, out  # the reference renderer, same run
+    rows = table_rows(out, "")[1:]
+    assert [r[0] for r in rows] == ["1", "2"], out
+    for r in rows:
+        batch_ms, frame_ms, fps = number(r[1]), number(r[2]), number(r[3])
+        assert batch_ms > 0 and frame_ms > 0 and fps > 0
+        assert frame_ms == pytest.approx(batch_ms / int(r[0]), abs=0.6)  # printed rounded
+    assert rows[0][4] == "1.00x", out  # B = 1 is the in-run baseline
+    assert re.search(r"vs one ray-cast frame: [\d.]+x slower", out), out
