@@ -35,7 +35,7 @@ def test_bench_field_runs_field_and_rigid_fk(tmp_path, capsys):
     assert saved["fit"]["samples"] == 6 and math.isfinite(saved["fit"]["heldout_mse"])
     assert [(r["method"], r["payload_g"]) for r in saved["runs"]] == [("kinematic", 200.0),
                                                                       ("field", 200.0)]
-    for printed, run in zip(rows, saved["runs"]):
+    for printed, run in zip(rows, saved["runs"], strict=True):
         assert number(printed[2]) == pytest.approx(run["rms_mm"], abs=0.006)
         assert run["stop"] == printed[-1] and run["max_mm"] >= run["rms_mm"] > 0
 
@@ -51,7 +51,7 @@ def test_bench_jacobian_scores_kinematic_and_model(tmp_path, capsys):
     assert [r[0] for r in rows] == ["0", "350"], out
     saved = json.loads((tmp_path / "jacobian.json").read_text())
     assert saved["horizon"] == 4 and len(saved["rows"]) == 4  # 2 payloads x 2 poses
-    for printed, g in zip(rows, (0.0, 350.0)):
+    for printed, g in zip(rows, (0.0, 350.0), strict=True):
         sel = [r for r in saved["rows"] if r["payload_g"] == g]
         for cell, key in ((printed[1], "kinematic"), (printed[2], "actuator")):
             values = np.array([r[key] for r in sel])
