@@ -35,8 +35,8 @@ REFERENCE = "arm mean (deg), command following"
 # One recipe for both (conf/train/so101.yaml shortened: compute is 2 shared cores); the
 # architectures differ only in model.arch and the per-arch sizes below.
 RECIPE = ["--config", "conf/train/so101.yaml", "--trainer.max_epochs={epochs}",
-          "--data.horizon={{0: 16, 2: 32, 4: 64}}", "--data.batch_size=8",
-          "--data.samples_per_epoch=64", "--seed_everything={seed}"]
+          "--data.horizon={horizon}", "--data.batch_size=8",
+          "--data.samples_per_epoch={samples}", "--seed_everything={seed}"]
 ARCHS = {
     "transformer": ["--model.arch=transformer", "--model.width=64", "--model.depth=2"],
     "jointwise": ["--model.arch=jointwise", "--model.width=64", "--model.depth=2",
@@ -59,7 +59,7 @@ def pool_subset(full: Path, out: Path, runs: int) -> Path:
     return _write_subset(out, load_platform(ds.platform), ds.fps, chosen, [])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="synthetic dataset (nactuator data synth)")
     ap.add_argument("--out", default="runs/de")
@@ -68,11 +68,15 @@ def main() -> None:
     ap.add_argument("--max-folds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    # The figures use the defaults; the smoke test (tests/test_bench.py) shrinks both.
+    ap.add_argument("--horizon", default="{0: 16, 2: 32, 4: 64}",
+                    help="data.horizon: steps, or {epoch: steps} (a curriculum)")
+    ap.add_argument("--samples-per-epoch", type=int, default=64)
     ap.add_argument("--plot-only", action="store_true",
                     help="redraw from OUT/data_efficiency.json (with --overlay), train nothing")
     ap.add_argument("--overlay", nargs="*", default=[], metavar="LABEL=JSON",
                     help="also plot the points of another run's data_efficiency.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.plot_only:
         saved = json.loads((Path(args.out) / "data_efficiency.json").read_text())
         results = {a: {int(n): v for n, v in by_n.items()} for a, by_n in saved["results"].items()}
@@ -92,7 +96,8 @@ def main() -> None:
         if not (data / "meta" / "info.json").exists():
             pool_subset(Path(args.data), data, n + 2)
         for arch in args.archs:
-            recipe = [a.format(epochs=args.epochs, seed=args.seed) for a in RECIPE]
+            recipe = [a.format(epochs=args.epochs, seed=args.seed, horizon=args.horizon,
+                               samples=args.samples_per_epoch) for a in RECIPE]
             cv_out = out / f"cv_{arch}_{n:02d}"
             run_cv(platform, str(data), folds=n + 2, max_folds=args.max_folds,
                    out=cv_out, extra_args=[*recipe, *ARCHS[arch]])

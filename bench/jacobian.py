@@ -25,7 +25,7 @@ from nactuator.platforms import load_platform
 from nactuator.sim import Simulator
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ckpt", default=None, help="a counterfactual checkpoint (optional)")
     ap.add_argument("--platform", default="so101")
@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--poses", type=int, default=6)
     ap.add_argument("--payload-g", nargs="+", type=float, default=[0.0, 200.0, 350.0])
     ap.add_argument("--out", default=None, help="folder for jacobian.json")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     torch.set_num_threads(1)
     p = load_platform(a.platform)
     q0, settings = load_track_config(p)

@@ -31,13 +31,13 @@ def _time(fn, repeats: int, sync) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     cam = load_camera("so101_front").to(a.device)

@@ -6,6 +6,7 @@ themselves are not judged (they are timings on a shared machine)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -130,3 +131,50 @@ def test_bench_dropped_reads_runs(tiny, capsys):
     assert re.search(r"validation: 1 episode\(s\), \d+ of 720 motor-frames dropped", out), out
     [row] = table_rows(out, str(bundle))
     assert all(re.match(r"[\d.]+ N, [\d.]+ %", c) for c in row[1:]), row
+
+
+def test_bench_render_runs_with_its_baselines(capsys):
+    bench_main("render")(["--batches", "1,2", "--repeats", "1"])
+    out = capsys.readouterr().out
+    ray = re.search(r"MuJoCo ray cast, 1 frame \(forward only\): ([\d.]+) ms", out)
+    assert ray and float(ray.group(1)) > 0, out  # the reference renderer, same run
+    rows = table_rows(out, "")[1:]
+    assert [r[0] for r in rows] == ["1", "2"], out
+    for r in rows:
+        batch_ms, frame_ms, fps = number(r[1]), number(r[2]), number(r[3])
+        assert batch_ms > 0 and frame_ms > 0 and fps > 0
+        assert frame_ms == pytest.approx(batch_ms / int(r[0]), abs=0.6)  # printed rounded
+    assert rows[0][4] == "1.00x", out  # B = 1 is the in-run baseline
+    assert re.search(r"vs one ray-cast frame: [\d.]+x slower", out), out
+
+
+@pytest.mark.slow
+def test_bench_data_efficiency_runs_both_archs_through_cv(tmp_path, monkeypatch, capsys):
+    # Child trainings (`nactuator train`, then `nactuator eval`) at the tiniest recipe: one
+    # count (3 episodes: train on 1, select on 1, score 1), one fold, one short epoch each.
+    from test_training import write_sim_dataset
+
+    data = write_sim_dataset(tmp_path / "full", "so101", frames=32,
+                             splits={"train": 2, "validation": 1})
+    monkeypatch.chdir(BENCH.parent)  # the recipe names conf/train/so101.yaml
+    out = tmp_path / "de"
+    bench_main("data_efficiency")(["--data", str(data), "--out", str(out), "--counts", "1",
+                                   "--max-folds", "1", "--epochs", "1", "--horizon", "3",
+                                   "--samples-per-epoch", "4"])
+    text = capsys.readouterr().out
+    saved = json.loads((out / "data_efficiency.json").read_text())
+    assert saved["counts"] == [1] and set(saved["results"]) == {"transformer", "jointwise"}
+    for arch in ("transformer", "jointwise"):
+        point = saved["results"][arch]["1"]
+        assert len(point["model"]["folds"]) == 1 and np.isfinite(point["model"]["mean"])
+        assert point["model"]["mean"] >= 0 and point["command_following"]["mean"] >= 0
+        held = json.loads((out / f"cv_{arch}_01" / "fold_0" / "eval_best" /
+                           "metrics.json").read_text())
+        assert held["cv"] == {"folds": 3, "fold": 0} and held["episodes"] == 1
+    # both archs see the same folds: the same held-out episode, the same reference
+    ref = {a: saved["results"][a]["1"]["command_following"]["mean"] for a in saved["results"]}
+    assert ref["transformer"] == ref["jointwise"]
+    [row] = table_rows(text.split("jointwise N=1")[-1], "1")
+    assert len(row) == 4 and row[3] == f"{ref['jointwise']:.2f}", text
+    assert (out / "data_efficiency.png").stat().st_size > 0
+    assert (out / "data_efficiency.md").read_text().splitlines()[-1].startswith("| 1 |")

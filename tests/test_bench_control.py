@@ -1,0 +1,61 @@
+"""The control room's benches still run (issue 24): bench/field.py and bench/jacobian.py at
+tiny sizes, in this process, reading back the tables and JSON they print and write. The
+baselines measured in the same run (rigid FK beside the field; the kinematic Jacobian
+beside the actuator model's) must be there; the figures themselves are not judged."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from test_bench import bench_main, number, table_rows
+from test_track import counterfactual_actuator
+
+from nactuator.models import bundle_to_dict, save_bundle
+from nactuator.paths import conf_dir
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_bench_field_runs_field_and_rigid_fk(tmp_path, capsys):
+    # The circle's first second (21 samples at 20 Hz): the loop then runs 1 s + extra_s.
+    lines = (conf_dir() / "track" / "paths" / "so101_circle.csv").read_text().splitlines()
+    short = tmp_path / "circle_1s.csv"
+    short.write_text("\n".join(lines[:22]) + "\n")
+    bench_main("field")(["--poses", "2", "--per-pose", "3", "--fit-steps", "20",
+                         "--payload-g", "200", "--path", str(short), "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "field: 6 perturbations" in out, out
+    rows = table_rows(out, "kinematic") + table_rows(out, "field")
+    assert [(r[0], r[1]) for r in rows] == [("kinematic", "200"), ("field", "200")], out
+    assert all(math.isfinite(number(c)) for r in rows for c in r[2:5]), out  # rms, max, final
+    saved = json.loads((tmp_path / "field.json").read_text())
+    assert saved["fit"]["samples"] == 6 and math.isfinite(saved["fit"]["heldout_mse"])
+    assert [(r["method"], r["payload_g"]) for r in saved["runs"]] == [("kinematic", 200.0),
+                                                                      ("field", 200.0)]
+    for printed, run in zip(rows, saved["runs"], strict=True):
+        assert number(printed[2]) == pytest.approx(run["rms_mm"], abs=0.006)
+        assert run["stop"] == printed[-1] and run["max_mm"] >= run["rms_mm"] > 0
+
+
+def test_bench_jacobian_scores_kinematic_and_model(tmp_path, capsys):
+    ckpt = tmp_path / "cf.pt"
+    save_bundle(bundle_to_dict(counterfactual_actuator(), "so101"), ckpt)
+    bench_main("jacobian")(["--ckpt", str(ckpt), "--poses", "2", "--horizon", "4",
+                            "--payload-g", "0", "350", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "dx/du over 4 steps" in out and "2 poses" in out, out
+    rows = table_rows(out, "")[1:]
+    assert [r[0] for r in rows] == ["0", "350"], out
+    saved = json.loads((tmp_path / "jacobian.json").read_text())
+    assert saved["horizon"] == 4 and len(saved["rows"]) == 4  # 2 payloads x 2 poses
+    for printed, g in zip(rows, (0.0, 350.0), strict=True):
+        sel = [r for r in saved["rows"] if r["payload_g"] == g]
+        for cell, key in ((printed[1], "kinematic"), (printed[2], "actuator")):
+            values = np.array([r[key] for r in sel])
+            assert np.isfinite(values).all() and (values >= 0).all()
+            assert cell == f"{values.mean():.2f} ({values.max():.2f})"
+        ratio = np.mean([r["world_over_kinematic"] for r in sel])
+        assert np.isfinite(ratio) and ratio > 0 and printed[3] == f"{ratio:.2f}"
