@@ -4,8 +4,15 @@ weights, adapt the shipped pretrained actuator to it, score it on the held-out l
 write the bundle for ``live --ckpt``; every step resumable (docs/hardware.md)."""
 
 from nactuator.guide.calibrate import Interrupted, calibrate_arm, check_arm
-from nactuator.guide.protocol import (CalibrateError, State, Step, adapt_steps, load_protocol,
-                                      parse_weights, plan_steps)
+from nactuator.guide.protocol import (
+                                      CalibrateError,
+                                      State,
+                                      Step,
+                                      adapt_steps,
+                                      load_protocol,
+                                      parse_weights,
+                                      plan_steps,
+)
 
 __all__ = ["CalibrateError", "Interrupted", "State", "Step", "adapt_steps", "calibrate_arm",
            "check_arm", "load_protocol", "parse_weights", "plan_steps"]

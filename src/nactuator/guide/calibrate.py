@@ -31,8 +31,16 @@ from typing import Any
 import numpy as np
 
 from nactuator.atomic import write_text
-from nactuator.guide.protocol import (CalibrateError, State, Step, adapt_steps, load_protocol,
-                                      plan_digest, plan_steps, resolve_weights)
+from nactuator.guide.protocol import (
+    CalibrateError,
+    State,
+    Step,
+    adapt_steps,
+    load_protocol,
+    plan_digest,
+    plan_steps,
+    resolve_weights,
+)
 
 __all__ = ["Interrupted", "calibrate_arm", "check_arm"]
 
@@ -169,7 +177,7 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def calibrate_arm(platform: str, leader: str, follower: str, out: str | Path,
+def calibrate_arm(platform: str | Any, leader: str, follower: str, out: str | Path,
                   weights_g: str | None = None, leader_calibration: str | None = None,
                   follower_calibration: str | None = None, ckpt: str | None = None,
                   protocol: str | Path | None = None, episode_seconds: float | None = None,
@@ -185,11 +193,10 @@ def calibrate_arm(platform: str, leader: str, follower: str, out: str | Path,
     ``prompt(step, i, total)``: shows a step's instructions and returns when the user is
     ready (default: print, then wait for Enter on a terminal). ``extra_args`` go to the
     fine-tune's ``train``."""
-    from nactuator.hardware.recorder import record
     from nactuator.hardware.signals import sigterm_as_interrupt
-    from nactuator.platforms import load_platform
+    from nactuator.platforms import Platform, load_platform
 
-    p = load_platform(platform)
+    p = platform if isinstance(platform, Platform) else load_platform(platform)
     proto = load_protocol(p.name, protocol)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -229,11 +236,8 @@ def calibrate_arm(platform: str, leader: str, follower: str, out: str | Path,
                 continue
             prompt(step, i, len(plan))
             shutil.rmtree(folder, ignore_errors=True)  # a step cut short starts again whole
-            record(platform=p, leader=leader, follower=follower, task=step.task,
-                   episodes=step.episodes, seconds=step.seconds, out=folder,
-                   payload_g=step.payload_g, split=step.split,
-                   leader_calibration=leader_calibration,
-                   follower_calibration=follower_calibration, progress=progress)
+            _record_step(p, leader, follower, step, folder, leader_calibration,
+                         follower_calibration, progress)
             whole, seconds, shortest = _recorded_whole(folder, step)
             if not whole:
                 raise Interrupted(f"step {step.key} was stopped before its {step.episodes} "
@@ -244,40 +248,19 @@ def calibrate_arm(platform: str, leader: str, follower: str, out: str | Path,
                        split=step.split, task=step.task)
 
     train = [s for s in plan if s.split == "train"]
-    train_s = sum(state.data["steps"][f"record/{s.key}"]["seconds"] for s in train)
+    recorded = {s.key: state.data["steps"][f"record/{s.key}"] for s in plan}
+    train_s = sum(recorded[s.key]["seconds"] for s in train)
     if not state.done("adapt"):
-        from nactuator.experiments.adapt import adapt, load_adapt_config
-
-        n_steps = steps if steps is not None else adapt_steps(train_s, proto)
-        cfg = load_adapt_config(proto["adapt"]["config"] if Path(proto["adapt"]["config"])
-                                .is_absolute() else _project(proto["adapt"]["config"]))
-        per_epoch = max(1, int(cfg["train"]["data"]["samples_per_epoch"])
-                        // int(cfg["train"]["data"]["batch_size"]))
-        epochs = max(1, math.ceil(n_steps / per_epoch))
-        config = _adapt_config(cfg, out / "adapt-config.yaml")
         start = ckpt or proto["pretrained"]
-        _say(f"\nadapting {start} on {len(train)} recording step(s), {train_s / 60:.1f} min: "
-             f"{epochs * per_epoch} optimiser steps ({epochs} epochs) ...")
-        data = [state.data["steps"][f"record/{s.key}"]["dataset"] for s in plan]
-        n_train = sum(s.episodes for s in train)
-        shortest = min(state.data["steps"][f"record/{s.key}"]["shortest_frames"] for s in train)
-        horizon = fit_horizon(cfg["train"]["data"]["horizon"], shortest)
-        adapt(start, data, episodes=[n_train], out=out / "adapt", held_out="test",
-              held_out_runs=0, config=config,
-              extra_args=[f"--trainer.max_epochs={epochs}", f"--data.horizon={horizon}",
-                          *(extra_args or [])])
-        import json
-
-        result = json.loads((out / "adapt" / "adapt.json").read_text())
-        state.mark("adapt", checkpoint=result["points"][-1]["checkpoint"], steps=epochs *
-                   per_epoch, train_seconds=train_s, pretrained=str(start),
-                   summary=held_out_summary(result), wall_s=result["wall_time_s"])
+        info = _adapt_step(start, proto, [recorded[s.key]["dataset"] for s in plan],
+                           n_train=sum(s.episodes for s in train), train_s=train_s,
+                           shortest=min(recorded[s.key]["shortest_frames"] for s in train),
+                           steps=steps, out=out, extra_args=extra_args or [])
+        state.mark("adapt", **info)
     adapted = state.data["steps"]["adapt"]
     bundle = out / BUNDLE
     if not state.done("bundle") or not bundle.is_file():
-        from nactuator.experiments.pretrain import write_pretrained_bundle
-
-        write_pretrained_bundle(adapted["checkpoint"], bundle, extra={
+        _write_bundle(adapted["checkpoint"], bundle, extra={
             "calibrate_arm": {"pretrained": adapted["pretrained"], "weights_g": weights,
                               "train_seconds": train_s, "steps": adapted["steps"],
                               "held_out": adapted["summary"]}})
@@ -293,6 +276,58 @@ def calibrate_arm(platform: str, leader: str, follower: str, out: str | Path,
     write_text(out / "calibrate.md", "\n".join(["# calibrate-arm", "", "```", *lines, "```", ""]))
     state.set(finished_s=time.perf_counter() - t_start)
     return "\n".join(lines)
+
+
+# The three heavy steps, each a function of its own (the fast tests replace them).
+
+
+def _record_step(p: Any, leader: str, follower: str, step: Step, folder: Path,
+                 leader_calibration: str | None, follower_calibration: str | None,
+                 progress: bool) -> None:
+    """``nactuator record`` of one protocol step (Ctrl-C: episode saved, torque off)."""
+    from nactuator.hardware.recorder import record
+
+    record(platform=p, leader=leader, follower=follower, task=step.task,
+           episodes=step.episodes, seconds=step.seconds, out=folder, payload_g=step.payload_g,
+           split=step.split, leader_calibration=leader_calibration,
+           follower_calibration=follower_calibration, progress=progress)
+
+
+def _adapt_step(start: str, proto: dict[str, Any], data: list[str], n_train: int,
+                train_s: float, shortest: int, steps: int | None, out: Path,
+                extra_args: list[str]) -> dict[str, Any]:
+    """``nactuator adapt`` of ``start`` on every train recording, scored on the held-out
+    run; its optimiser steps scaled to ``train_s`` seconds of recordings (or ``steps``),
+    its horizon capped to the ``shortest`` recording. Returns what the state file keeps."""
+    import json
+
+    from nactuator.experiments.adapt import adapt, load_adapt_config
+
+    n_steps = steps if steps is not None else adapt_steps(train_s, proto)
+    path = Path(proto["adapt"]["config"])
+    cfg = load_adapt_config(path if path.is_absolute() else _project(str(path)))
+    per_epoch = max(1, int(cfg["train"]["data"]["samples_per_epoch"])
+                    // int(cfg["train"]["data"]["batch_size"]))
+    epochs = max(1, math.ceil(n_steps / per_epoch))
+    config = _adapt_config(cfg, out / "adapt-config.yaml")
+    horizon = fit_horizon(cfg["train"]["data"]["horizon"], shortest)
+    _say(f"\nadapting {start} on {n_train} recorded run(s), {train_s / 60:.1f} min: "
+         f"{epochs * per_epoch} optimiser steps ({epochs} epochs) ...")
+    adapt(start, data, episodes=[n_train], out=out / "adapt", held_out="test",
+          held_out_runs=0, config=config,
+          extra_args=[f"--trainer.max_epochs={epochs}", f"--data.horizon={horizon}",
+                      *extra_args])
+    result = json.loads((out / "adapt" / "adapt.json").read_text())
+    return {"checkpoint": result["points"][-1]["checkpoint"], "steps": epochs * per_epoch,
+            "train_seconds": train_s, "pretrained": str(start),
+            "summary": held_out_summary(result), "wall_s": result["wall_time_s"]}
+
+
+def _write_bundle(ckpt: str, bundle: Path, extra: dict[str, Any]) -> None:
+    """The adapted checkpoint's EMA weights as a bundle ``live --ckpt`` loads."""
+    from nactuator.experiments.pretrain import write_pretrained_bundle
+
+    write_pretrained_bundle(ckpt, bundle, extra=extra)
 
 
 def _project(path: str) -> Path:

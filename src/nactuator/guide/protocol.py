@@ -62,9 +62,9 @@ def load_protocol(platform: str, path: str | os.PathLike | None = None) -> dict[
     try:
         raw = yaml.safe_load(p.read_text())
     except FileNotFoundError as err:
+        have = sorted(x.stem for x in p.parent.glob("*.yaml"))
         raise CalibrateError(f"{p}: no calibrate-arm protocol for platform {platform!r} "
-                             f"(conf/calibrate/ has {sorted(x.stem for x in p.parent.glob('*.yaml'))})"
-                             ) from err
+                             f"({p.parent} has {have})") from err
     except yaml.YAMLError as err:
         raise CalibrateError(f"{p}: not valid YAML ({err})") from err
     _need(isinstance(raw, dict) and set(raw) == _TOP_KEYS, str(p),
