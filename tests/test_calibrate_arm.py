@@ -260,3 +260,20 @@ def test_calibrate_arm_end_to_end_on_emulated_arms_with_ctrl_c_and_resume(tmp_pa
     t0 = time.perf_counter()
     assert cal.calibrate_arm(**run, prompt=hang) == text
     assert time.perf_counter() - t0 < 5
+
+
+def test_weights_may_change_until_something_is_recorded(monkeypatch, tmp_path):
+    fake = FakeSteps(monkeypatch)
+
+    def unplugged(*args):
+        raise CalibrateError("follower on F: no telemetry")
+
+    monkeypatch.setattr(cal, "check_arm", unplugged)
+    args = dict(platform="so101", leader="L", follower="F", out=tmp_path, prompt=fake.prompt)
+    with pytest.raises(CalibrateError, match="no telemetry"):
+        cal.calibrate_arm(**args, weights_g="100,200")
+    monkeypatch.setattr(cal, "check_arm", fake.check)
+    cal.calibrate_arm(**args, weights_g="150,300")  # a typo fixed before the first run
+    assert fake.recorded[1] == "02-lift_hold-150g"
+    with pytest.raises(CalibrateError, match="started with 150,300 g"):
+        cal.calibrate_arm(**args, weights_g="100,200")

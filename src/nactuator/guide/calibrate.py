@@ -201,6 +201,9 @@ def calibrate_arm(platform: str | Any, leader: str, follower: str, out: str | Pa
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     state = State(out)
+    if not any(k.startswith("record/") for k in state.data["steps"]):
+        state.data.pop("weights_g", None)  # nothing recorded yet: weights and plan may change
+        state.data.pop("plan", None)
     weights = resolve_weights(weights_g, state, proto, ask if ask is not None else (
         input if _terminal() else None))
     plan = plan_steps(proto, weights, episode_seconds)
