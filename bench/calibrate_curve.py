@@ -146,6 +146,8 @@ def plot(r, path: Path) -> None:
     for ax, what in ((ax_j, "held-out joint error, arm mean (°)"),
                      (ax_f, "held-out force error, 3-axis MAE (N)")):
         ax.set_xscale("log")
+        ax.set_xticks(m, [f"{x:.2g}" for x in m])
+        ax.minorticks_off()
         ax.set_xlabel("minutes recorded on the unseen arm")
         ax.set_ylabel(what)
         ax.legend(fontsize=8)
