@@ -32,6 +32,7 @@ SHORTER = [
     (r"^(nactuator cv .*?)--max-folds \d+(.*?) -- (.*)$", rf"\1--max-folds 1\2 -- \3 {TINY_TRAIN}"),
     (r"^(nactuator policy (?:demos|eval) .*)$", r"\1 --episodes 1"),
     (r"^(nactuator policy fit .*)$", r"\1 --max-steps 2"),
+    (r"^(nactuator calibrate-arm .*)$", r"\1 --episode-seconds 1 --adapt-steps 8"),
     (r"^(nactuator collect .*)--episodes \d+ --sweep-seconds \d+",
      r"\1--episodes 1 --sweep-seconds 2"),
     (r"^(nactuator sweep .*?)--max-runs \d+(.*)$",
@@ -63,6 +64,8 @@ def test_commands_are_found_and_only_shortened():
         f'make train PLATFORM=so101 ARGS="{TINY_TRAIN}"'
     assert shortened('make train PLATFORM=x DATA=d ARGS="--a=1"') == \
         f'make train PLATFORM=x DATA=d ARGS="--a=1 {TINY_TRAIN}"'
+    calibrate = next(c for c in commands if c.startswith("nactuator calibrate-arm"))
+    assert shortened(calibrate) == f"{calibrate} --episode-seconds 1 --adapt-steps 8"
     for line in commands:
         assert shortened(line).startswith(line.split(" ")[0])
 
@@ -101,5 +104,6 @@ def test_readme_runs_in_order_and_leaves_the_checkout_clean(tmp_path):
     assert status == "", f"the README's commands left files outside runs/:\n{status}"
     for made in ("runs/so101/best.ckpt", "runs/so101-nad/eval/metrics.md",
                  "runs/so101-nad/forces.csv", "runs/cv/omx/cv.md", "runs/live.csv",
-                 "runs/so101/actuator.onnx", "runs/data/my-recording/meta/info.json"):
+                 "runs/so101/actuator.onnx", "runs/data/my-recording/meta/info.json",
+                 "runs/my-arm/actuator.pt", "runs/my-arm/live.csv"):
         assert (repo / made).exists(), made

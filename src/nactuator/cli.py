@@ -245,6 +245,24 @@ def _record(a: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate_arm(a: argparse.Namespace, rest: list[str]) -> int:
+    from nactuator.guide import Interrupted, calibrate_arm
+
+    try:
+        print(calibrate_arm(a.platform, a.leader, a.follower, a.out, weights_g=a.weights_g,
+                            leader_calibration=a.leader_calibration,
+                            follower_calibration=a.follower_calibration, ckpt=a.ckpt,
+                            protocol=a.protocol, episode_seconds=a.episode_seconds,
+                            steps=a.adapt_steps, extra_args=[x for x in rest if x != "--"]))
+    except KeyboardInterrupt as err:
+        why = str(err) if isinstance(err, Interrupted) else "stopped (Ctrl-C)"
+        print(f"nactuator calibrate-arm: {why}; the finished steps are kept in "
+              f"{os.path.join(a.out, 'calibrate.json')}: run the same command to resume",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
 def _base_commands(a: argparse.Namespace, platform, limits) -> tuple:
     """The base sequence of ``collect``: a recorded episode's commands, or generated sweeps."""
     from nactuator.errors import UserError
@@ -715,6 +733,30 @@ def build_parser() -> argparse.ArgumentParser:
                         "follower telemetry in fewer of its frames (default 0.9)")
     _add_viewer_flags(s, "leader and follower joints, commands and telemetry")
     s.set_defaults(func=_record)
+
+    s = sub.add_parser("calibrate-arm", help="guided: check the arm, record a short "
+                       "protocol with your known weights, adapt the pretrained actuator, "
+                       "score it, write the bundle for `live` (resumable)")
+    s.add_argument("--platform", required=True, help=PLATFORM_HELP)
+    s.add_argument("--leader", required=True, help="serial port of the leader arm")
+    s.add_argument("--follower", required=True, help="serial port of the follower arm")
+    s.add_argument("--leader-calibration", default=None, help="LeRobot calibration JSON of "
+                   "the leader (SO-101; docs/hardware.md)")
+    s.add_argument("--follower-calibration", default=None,
+                   help="LeRobot calibration JSON of the follower")
+    s.add_argument("--out", required=True, help="folder for the recordings, the adaptation, "
+                   "the bundle (actuator.pt) and calibrate.json; a rerun resumes there")
+    s.add_argument("--weights-g", default=None, metavar="G1,G2[,G3]",
+                   help="the known weights you own, in grams (default: asked for)")
+    s.add_argument("--ckpt", default=None, help="start from this model instead of the "
+                   "protocol's pretrained bundle (" + CKPT_HELP + ")")
+    s.add_argument("--protocol", default=None,
+                   help="protocol YAML (default conf/calibrate/<platform>.yaml)")
+    s.add_argument("--episode-seconds", type=_positive_float, default=None,
+                   help="every run this long instead of the protocol's (a quick trial)")
+    s.add_argument("--adapt-steps", type=_positive_int, default=None,
+                   help="fine-tuning optimiser steps (default: scaled to the minutes recorded)")
+    s.set_defaults(func=_calibrate_arm, passthrough=True)  # after `--`: more `train` arguments
 
     s = sub.add_parser("collect", help="autonomous collection: replay a base command sequence "
                        "open loop with action noise, stopping on any safety limit")

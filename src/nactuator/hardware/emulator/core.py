@@ -191,6 +191,7 @@ class Emulator:
         tty.setraw(self._slave)
         self.port = os.ttyname(self._slave)
         if self.link:
+            self.link.parent.mkdir(parents=True, exist_ok=True)  # e.g. runs/ in a fresh checkout
             tmp = self.link.with_name(self.link.name + ".tmp")
             if tmp.is_symlink() or tmp.exists():
                 tmp.unlink()
