@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from nactuator.cli import main
-from nactuator.distributed import Backend, BackendError, make_backend, run_all
+from nactuator.distributed import Backend, BackendError, local_head, make_backend, run_all
 from nactuator.errors import UserError
 
 
@@ -99,40 +95,10 @@ def test_task_resources_come_from_the_config_and_the_flags(tmp_path):
 
 @pytest.fixture(scope="module")
 def ray_head():
-    """A 2-CPU Ray head on 127.0.0.1 in its own process group (killed by its id after)."""
+    """A 2-CPU Ray head on 127.0.0.1 (`ray start --head`), stopped after the module."""
     pytest.importorskip("ray")
-    port = _free_port()
-    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's socket paths must be short
-    ray_cli = Path(sys.executable).with_name("ray")
-    head = subprocess.Popen(
-        [str(ray_cli), "start", "--head", "--block", f"--port={port}",
-         "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0",
-         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    address = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert head.poll() is None, "ray start --head exited"
-                assert time.monotonic() < deadline, "the Ray head did not come up in 60 s"
-                time.sleep(0.5)
+    with local_head(num_cpus=2) as address:
         yield address
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        try:  # the head's GCS, raylet and workers are in its group; some outlive SIGTERM
-            os.killpg(head.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        head.wait()
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _fold_figures(out: Path) -> dict:

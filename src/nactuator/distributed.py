@@ -19,9 +19,16 @@ writes its logs and results there, as it does locally, and returns what the driv
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +37,7 @@ from nactuator.errors import UserError
 from nactuator.paths import conf_dir
 from nactuator.platforms import read_yaml_mapping
 
-__all__ = ["BACKENDS", "Backend", "BackendError", "make_backend", "run_all"]
+__all__ = ["BACKENDS", "Backend", "BackendError", "local_head", "make_backend", "run_all"]
 
 BACKENDS = ("local", "ray")
 # What a Ray task takes from the driver's environment (the rest is the node's own).
@@ -190,3 +197,51 @@ def _run_ray(backend: Backend, fn: Callable[..., Any], calls: Sequence[tuple]
     finally:
         if started:
             ray.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def local_head(num_cpus: int = 2, timeout_s: float = 60.0) -> Iterator[str]:
+    """A Ray head on 127.0.0.1 for the tests and the bench (``ray start --head --block`` in
+    its own process group, which holds its GCS, raylet and workers); yields its
+    ``HOST:PORT`` and kills that group, by its id, afterwards."""
+    port = _free_port()
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's socket paths must be short
+    ray_cli = Path(sys.executable).with_name("ray")
+    head = subprocess.Popen(
+        [str(ray_cli), "start", "--head", "--block", f"--port={port}",
+         "--node-ip-address=127.0.0.1", f"--num-cpus={num_cpus}", "--num-gpus=0",
+         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if head.poll() is not None:
+                    raise BackendError(f"`{ray_cli} start --head` exited with code "
+                                       f"{head.returncode}") from None
+                if time.monotonic() > deadline:
+                    raise BackendError(f"the Ray head did not come up in {timeout_s:g} s"
+                                       ) from None
+                time.sleep(0.5)
+        yield f"127.0.0.1:{port}"
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # some of the group (the GCS, the autoscaler monitor) outlive SIGTERM for ~30 s
+            os.killpg(head.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        head.wait()
+        shutil.rmtree(temp, ignore_errors=True)
