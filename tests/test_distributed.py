@@ -154,3 +154,54 @@ def test_cv_on_a_ray_cluster_gives_the_local_per_fold_figures(tmp_path, ray_head
     backend = make_backend("ray", address=ray_head)
     with pytest.raises(UserError, match="^call 1 failed on purpose$"):
         dict(run_all(backend, _slow_square, [(1, True), (2,)]))
+
+
+@pytest.mark.slow
+def test_sweep_and_adapt_run_their_trainings_as_ray_tasks(tmp_path, ray_head, capsys):
+    """A 2-run grid and an adapt with N = 1, 2 on the 127.0.0.1 head: each run / fine-tune is
+    a task, and their results are gathered into results.json / adapt.json as locally."""
+    import lightning as L
+    from test_adapt import PRETRAINED_SIZES
+    from test_sweep import write_yaml
+    from test_training import make_dm, make_module, make_trainer, write_sim_dataset
+
+    from nactuator.paths import conf_dir
+
+    data = write_sim_dataset(tmp_path / "ds", "so101", frames=32, seed=5,
+                             splits={"train": 3, "validation": 1, "test": 1})
+    sweep = write_yaml(tmp_path / "arch.yaml", {
+        "program": "nactuator", "method": "grid",
+        "metric": {"name": "val/joint_mae_deg", "goal": "minimize"},
+        "parameters": {"model.arch": {"values": ["mlp", "gru"]}},
+        "command": ["${env}", "${interpreter}", "-m", "nactuator.cli", "fit",
+                    "--config", str(conf_dir() / "base.yaml"), "--platform", "so101",
+                    f"--data.paths=[{data}]", "--logger", "csv", "${args}"]})
+    tiny = ["--trainer.max_epochs=1", "--data.samples_per_epoch=4", "--data.batch_size=4",
+            "--data.horizon={0: 2}"]
+    assert main(["sweep", str(sweep), "--backend", "ray", "--address", ray_head,
+                 "--out", str(tmp_path / "sweep"), "--", *tiny,
+                 "--trainer.limit_val_batches=1"]) == 0
+    results = json.loads((tmp_path / "sweep" / "results.json").read_text())
+    assert [r["status"] for r in results["runs"]] == ["ok", "ok"]
+    assert [r["params"]["model.arch"] for r in results["runs"]] == ["mlp", "gru"]
+    assert results["backend"].startswith(f"Ray tasks on {ray_head}")
+    assert "[sweep] 2 run(s) on Ray tasks" in capsys.readouterr().out
+
+    L.seed_everything(0)
+    module = make_module(**PRETRAINED_SIZES)
+    trainer = make_trainer(tmp_path / "pre", max_steps=4)
+    trainer.fit(module, datamodule=make_dm(data, horizon=4))
+    ckpt = tmp_path / "pretrained.ckpt"
+    trainer.save_checkpoint(ckpt)
+    out = tmp_path / "adapt"
+    assert main(["adapt", "--ckpt", str(ckpt), "--data", str(data), "--episodes", "1", "2",
+                 "--backend", "ray", "--address", ray_head, "--out", str(out), "--",
+                 "--trainer.max_epochs=2", "--data.samples_per_epoch=4",
+                 "--data.batch_size=4", "--data.horizon={0: 3}"]) == 0
+    result = json.loads((out / "adapt.json").read_text())
+    assert [p["n"] for p in result["points"]] == [0, 1, 2]
+    assert all(p["metrics"]["arm mean (deg), model"] > 0 for p in result["points"])
+    for n in (1, 2):  # each fine-tune's log and clock where a local run leaves them
+        assert "-m nactuator.cli train" in (out / f"n_{n:03d}" / "train.log").read_text()
+        assert json.loads((out / f"n_{n:03d}" / "done.json").read_text())["fit_s"] > 0
+    assert "the fine-tunes on Ray tasks" in (out / "adapt.md").read_text()

@@ -107,11 +107,6 @@ def make_backend(name: str = "local", jobs: int | None = None, address: str | No
     if jobs is not None:
         raise BackendError("--jobs is for --backend local; with --backend ray the cluster's "
                            "CPUs and --task-cpus decide how many run at once")
-    try:
-        import ray  # noqa: F401
-    except ImportError as err:
-        raise BackendError("--backend ray needs Ray: pip install 'nactuator[ray]' (make setup "
-                           "installs it)") from err
     path = Path(config) if config is not None else conf_dir() / "distributed" / "ray.yaml"
     cpus, gpus = _ray_resources(path)
     cpus = cpus if num_cpus is None else num_cpus
@@ -121,6 +116,11 @@ def make_backend(name: str = "local", jobs: int | None = None, address: str | No
             raise BackendError(f"{flag} / {path}: expected a number >= 0, got {value!r}")
     if address is not None:
         _check_address(address)
+    try:
+        import ray  # noqa: F401
+    except ImportError as err:
+        raise BackendError("--backend ray needs Ray: pip install 'nactuator[ray]' (make setup "
+                           "installs it)") from err
     return Backend("ray", address=address, num_cpus=float(cpus), num_gpus=float(gpus))
 
 
