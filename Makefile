@@ -14,13 +14,13 @@ ARGS ?=
 setup:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel
-	$(PIP) install -c constraints.txt -e '.[dev]'
+	$(PIP) install -c constraints.txt -e '.[dev,ray]'
 	# LeRobot's motor buses: 0.4.4 is the newest release for Python 3.11. Its own pins
 	# (torch<2.11) conflict with ours, so it goes in --no-deps, with what lerobot.motors imports.
 	$(PIP) install -c constraints.txt --no-deps lerobot==0.4.4
 	$(PIP) install -c constraints.txt accelerate==1.15.0 datasets==5.0.1 deepdiff==8.6.2 \
 		'huggingface-hub>=0.35,<0.36' draccus==0.10.0
-	$(PY) -c "import nactuator, warp, newton, lightning, lerobot.motors.feetech, lerobot.motors.dynamixel; print('nactuator setup ok')"
+	$(PY) -c "import nactuator, warp, newton, lightning, ray, lerobot.motors.feetech, lerobot.motors.dynamixel; print('nactuator setup ok')"
 	@echo "activate the environment to get the nactuator command: source $(VENV)/bin/activate"
 
 # Two worker processes (pytest-xdist): the suite is one process's imports and child trainings

@@ -10,6 +10,10 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nactuator.distributed import Backend
 
 
 def _sim_check(a: argparse.Namespace) -> int:
@@ -120,20 +124,30 @@ def _eval(a: argparse.Namespace) -> int:
     return 0
 
 
+def _backend(a: argparse.Namespace) -> Backend:
+    """The backend of `cv`/`sweep`/`adapt` (checked before any work starts)."""
+    from nactuator.distributed import make_backend
+
+    return make_backend(a.backend, jobs=a.jobs, address=a.address, num_cpus=a.task_cpus,
+                        num_gpus=a.task_gpus)
+
+
 def _cv(a: argparse.Namespace, rest: list[str]) -> int:
+    backend = _backend(a)
     from nactuator.experiments.cv import run_cv
 
-    print(run_cv(a.platform, a.data, folds=a.folds, max_folds=a.max_folds, jobs=a.jobs,
-                 out=a.out, extra_args=[x for x in rest if x != "--"]))
+    print(run_cv(a.platform, a.data, folds=a.folds, max_folds=a.max_folds, out=a.out,
+                 extra_args=[x for x in rest if x != "--"], backend=backend))
     return 0
 
 
 def _adapt(a: argparse.Namespace, rest: list[str]) -> int:
+    backend = _backend(a)
     from nactuator.experiments.adapt import adapt
 
     print(adapt(a.ckpt, a.data, episodes=a.episodes, out=a.out, held_out=a.held_out,
                 held_out_runs=a.held_out_runs, config=a.config,
-                extra_args=[x for x in rest if x != "--"]))
+                extra_args=[x for x in rest if x != "--"], backend=backend))
     return 0
 
 
@@ -213,12 +227,13 @@ def _export(a: argparse.Namespace) -> int:
 
 
 def _sweep(a: argparse.Namespace, rest: list[str]) -> int:
+    backend = _backend(a)
     from nactuator.experiments.sweep import run_sweep
 
     # LightningCLI-style extras (--trainer.x=...) arrive unparsed; a "--" separator is optional.
     extra = [x for x in [*a.extra, *rest] if x != "--"]
     print(run_sweep(a.file, max_runs=a.max_runs, method=a.method, out=a.out,
-                    extra_args=extra))
+                    extra_args=extra, backend=backend))
     return 0
 
 
@@ -409,7 +424,28 @@ each fold's --data.cv_folds/--data.cv_fold, --trainer.default_root_dir and --log
 example:
   nactuator cv --platform omx --data runs/data/omx-nad --max-folds 2 --jobs 2 \\
       --out runs/cv/omx -- --config conf/train/nad_omx.yaml --trainer.max_epochs=12
+on a Ray cluster (one task per fold; every node sees the same paths):
+  nactuator cv --platform omx --data runs/data/omx-nad --backend ray --address HEAD:6379 \\
+      --out runs/cv/omx -- --config conf/train/nad_omx.yaml
 """
+
+
+def _add_backend_args(s: argparse.ArgumentParser, what: str, jobs_default: str) -> None:
+    """--backend/--jobs/--address/--task-cpus/--task-gpus of cv, sweep and adapt."""
+    s.add_argument("--backend", default="local", choices=["local", "ray"],
+                   help=f"where the {what} run: local (a pool of --jobs on this machine) or "
+                        "ray (one Ray task each; docs/training.md \"Running cross-validation "
+                        "on a cluster\")")
+    s.add_argument("--jobs", type=int, default=None,
+                   help=f"{what} run at the same time with --backend local ({jobs_default})")
+    s.add_argument("--address", default=None, metavar="HOST:PORT",
+                   help="--backend ray: the Ray head (`ray start --head --port=PORT`); default "
+                        "$RAY_ADDRESS, the cluster started on this machine, or a new local one")
+    s.add_argument("--task-cpus", type=float, default=None, metavar="N",
+                   help="--backend ray: CPUs per task (default conf/distributed/ray.yaml: 1)")
+    s.add_argument("--task-gpus", type=float, default=None, metavar="N",
+                   help="--backend ray: GPUs per task (default conf/distributed/ray.yaml: 0; "
+                        "1 for a recipe with --trainer.accelerator=gpu)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -522,7 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of folds (default: leave one episode out within each task)")
     s.add_argument("--max-folds", type=int, default=None,
                    help="score only the first N folds (quicker, noisier)")
-    s.add_argument("--jobs", type=int, default=1, help="folds trained at the same time")
+    _add_backend_args(s, "folds", "default 1")
     s.add_argument("--out", default="runs/cv", help="output folder (cv.md, cv.json, cv.png)")
     s.set_defaults(func=_cv, passthrough=True)
 
@@ -544,6 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: conf/train/adapt.yaml)")
     s.add_argument("--out", default="runs/adapt",
                    help="output folder (adapt.md, adapt.json, adapt.png, one n_NNN/ per N)")
+    _add_backend_args(s, "fine-tunes", "default 1: each one's wall time is a result")
     s.set_defaults(func=_adapt, passthrough=True)
 
     s = sub.add_parser("bench-bam", help="BAM XL330 benchmark: train a counterfactual model on "
@@ -685,6 +722,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "random: --max-runs seeded draws)")
     s.add_argument("--out", default="runs/sweep",
                    help="folder for one run-NNN/ per configuration and results.md")
+    _add_backend_args(s, "runs", "default 1")
     s.add_argument("extra", nargs="*", help="extra LightningCLI args for every run")
     s.set_defaults(func=_sweep, passthrough=True)
 

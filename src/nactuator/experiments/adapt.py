@@ -25,8 +25,11 @@ Top to bottom:
    ``time_curve`` runs (error vs seconds of fine-tuning).
 5. **Write** ``adapt.json`` (every figure and command), ``adapt.md`` and ``adapt.png``.
 
-A fine-tune whose result exists (same command) is not run again, so an interrupted
-``adapt`` continues where it stopped.
+The fine-tunes run one at a time by default (their wall time is a result: side by side on
+one machine they slow each other), ``--jobs`` at a time, or as Ray tasks on a cluster
+(``--backend ray``, :mod:`nactuator.distributed`); scoring runs here, after them. A
+fine-tune whose result exists (same command) is not run again, so an interrupted ``adapt``
+continues where it stopped.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from nactuator.atomic import write_json, write_png, write_text
 from nactuator.child import run_nactuator
 from nactuator.data.episodes import open_datasets
 from nactuator.data.schema import Episode
+from nactuator.distributed import Backend, make_backend, run_all
 from nactuator.errors import UserError
 from nactuator.model_files import resolve_model_path
 from nactuator.platforms import conf_dir
@@ -322,7 +326,8 @@ def markdown_report(result: dict[str, Any]) -> str:
                          + " |")
     lines += ["", "Adapted checkpoints: " + ", ".join(
         f"N = {p['n']}: `{p['checkpoint']}`" for p in points if p["n"] > 0),
-        f"Wall time of this `adapt`: {result['wall_time_s']:.0f} s.", ""]
+        f"Wall time of this `adapt`: {result['wall_time_s']:.0f} s"
+        + (f", the fine-tunes on {result['backend']}." if result.get("backend") else "."), ""]
     return "\n".join(lines)
 
 
@@ -364,16 +369,18 @@ def plot_curves(result: dict[str, Any], path: Path) -> Path:
 def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence[int] | None = None,
           out: str | os.PathLike = "runs/adapt", held_out: str | None = None,
           held_out_runs: int | None = None, config: str | os.PathLike | None = None,
-          extra_args: Sequence[str] = ()) -> str:
+          extra_args: Sequence[str] = (), backend: Backend | None = None) -> str:
     """Fine-tune ``ckpt`` on N trajectories of ``data`` for each N of ``episodes`` and score
     every result on the held-out episodes; returns ``adapt.md`` (also writes ``adapt.json``
     and ``adapt.png`` into ``out``). ``episodes``, ``held_out`` and ``held_out_runs``
-    default to the ``adapt`` section of ``config`` (``conf/train/adapt.yaml``)."""
+    default to the ``adapt`` section of ``config`` (``conf/train/adapt.yaml``); the
+    fine-tunes run on ``backend`` (default: one local job at a time)."""
     from nactuator.models import load_actuator
     from nactuator.platforms import load_platform
     from nactuator.progress import progress_bar
 
     t0 = time.perf_counter()
+    backend = backend or make_backend("local")
     cfg = load_adapt_config(config)
     settings = cfg["adapt"]
     counts = _check_counts(list(episodes) if episodes is not None else settings["episodes"],
@@ -390,7 +397,7 @@ def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence
         raise AdaptError(f"--episodes {too_many}: only {len(plan.pool)} trajectories are left "
                          f"to fine-tune on ({len(plan.held_out)} held out)")
 
-    out = Path(out)
+    out = Path(out).resolve()  # a Ray task may start in another folder
     out.mkdir(parents=True, exist_ok=True)
     train_config = out / "adapt_train.yaml"
     write_text(train_config, "# the `train` section of " + cfg["source"] + "\n"
@@ -402,7 +409,8 @@ def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence
 
     points: list[dict[str, Any]] = []
     time_curve: list[dict[str, Any]] = []
-    with progress_bar(total=len(counts) + 1, desc=f"adapt {platform.name}", unit="run") as bar:
+    with progress_bar(total=2 * len(counts) + 1, desc=f"adapt {platform.name}",
+                      unit="step") as bar:
         bar.set_postfix_str("scoring the checkpoint (N = 0)")
         base = _score(ckpt, held_data, out / "n_000" / "eval")
         if metric not in base:
@@ -411,16 +419,24 @@ def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence
         points.append({"n": 0, "episodes": [], "checkpoint": str(ckpt), "metrics": base,
                        "reduction": None})
         bar.update(1)
+        subsets = {n: _write_subset(out / "data" / f"n_{n:03d}", platform, fps,
+                                    plan.pool[:n], plan.held_out) for n in counts}
+        bar.set_postfix_str(f"fine-tuning N = {', '.join(map(str, counts))} on "
+                            f"{backend.describe()}")
+        calls = [(n, platform.name, subsets[n], ckpt, train_config, out, list(extra_args))
+                 for n in counts]
+        tuned: dict[int, dict[str, Any]] = {}
+        for i, run in run_all(backend, _fine_tune, calls):
+            tuned[counts[i]] = run
+            bar.set_postfix_str(f"fine-tuned N = {counts[i]} ({run['fit_s']:.0f} s)")
+            bar.update(1)
         for n in counts:
-            bar.set_postfix_str(f"fine-tuning on N = {n}")
-            subset = _write_subset(out / "data" / f"n_{n:03d}", platform, fps, plan.pool[:n],
-                                   plan.held_out)
-            run = _fine_tune(n, platform.name, subset, ckpt, train_config, out, extra_args)
+            run = tuned[n]
             epochs = _epoch_checkpoints(out / f"n_{n:03d}")
             clock = {c["epoch"]: c for c in run["clock"]}
             bar.set_postfix_str(f"scoring N = {n}")
             for epoch, path in epochs if n in curve_ns else epochs[-1:]:
-                row = _score(path, subset, out / f"n_{n:03d}" / "eval" / f"epoch_{epoch:03d}")
+                row = _score(path, subsets[n], out / f"n_{n:03d}" / "eval" / f"epoch_{epoch:03d}")
                 if n in curve_ns:
                     time_curve.append({"n": n, "epoch": epoch, "step": clock[epoch]["step"],
                                        "seconds": clock[epoch]["seconds"],
@@ -441,6 +457,7 @@ def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence
         "pool": [r.label() for r, _ in plan.pool], "config": cfg,
         "extra_args": list(extra_args), "metric": metric, "points": points,
         "time_curve": time_curve, "wall_time_s": time.perf_counter() - t0,
+        "backend": backend.describe(),
     }
     text = markdown_report(result)
     write_json(out / "adapt.json", result)

@@ -8,7 +8,8 @@ checkpoint picked by validation (``best``, selected on the fold's inner validati
 never on the held-out ones) and for ``last``. The summary gives every metric's mean ± sd,
 min and max over folds, next to the references scored on the same held-out episodes.
 
-Folds run as subprocesses (``--jobs`` at a time, one torch thread each); a fold whose
+Folds run as subprocesses (one torch thread each), ``--jobs`` at a time on this machine or
+as Ray tasks on a cluster (``--backend ray``, :mod:`nactuator.distributed`); a fold whose
 scores exist is not run again, so an interrupted CV continues where it stopped.
 """
 
@@ -20,7 +21,6 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from nactuator.data import read_dataset
 from nactuator.data.episodes import dataset_paths
 from nactuator.data.folds import episodes_per_task
 from nactuator.data.references import is_worse, verdict
+from nactuator.distributed import Backend, make_backend, run_all
 from nactuator.errors import UserError
 from nactuator.platforms import load_platform
 
@@ -78,11 +79,17 @@ def _run(args: list[str], log: Path) -> None:
                       f"its output is in {log}")
 
 
+def _finished(fold_dir: Path) -> dict[str, Path] | None:
+    """The fold's scores (one ``metrics.json`` per selection) if all exist, else None."""
+    scores = {s: fold_dir / f"eval_{s}" / "metrics.json" for s in _selections(fold_dir)}
+    return scores if all(p.is_file() for p in scores.values()) else None
+
+
 def _run_fold(platform: str, paths: list[str], folds: int, fold: int, out: Path,
               extra_args: Sequence[str]) -> dict[str, Path]:
+    """Train fold ``fold`` and score its checkpoints (one task of :func:`run_cv`)."""
     fold_dir = out / f"fold_{fold}"
-    scores = {s: fold_dir / f"eval_{s}" / "metrics.json" for s in _selections(fold_dir)}
-    if all(p.is_file() for p in scores.values()):
+    if (scores := _finished(fold_dir)) is not None:
         return scores
     shutil.rmtree(fold_dir, ignore_errors=True)  # a fold interrupted half-way starts over
     fold_dir.mkdir(parents=True)
@@ -266,11 +273,13 @@ def summary_figure(summary: dict[str, dict[str, dict]]) -> Any:
 
 def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
            max_folds: int | None = None, jobs: int = 1, out: str | os.PathLike = "runs/cv",
-           extra_args: Sequence[str] = ()) -> str:
+           extra_args: Sequence[str] = (), backend: Backend | None = None) -> str:
     """Cross-validate ``nactuator train --platform platform --data data [extra_args]``.
 
     Writes ``cv.json``, ``cv.md`` and ``cv.png`` into ``out`` (plus one folder per fold);
     returns ``cv.md``. ``max_folds`` runs only the first folds (a quicker, noisier look).
+    The folds run on ``backend`` (default: ``jobs`` local jobs; see
+    :mod:`nactuator.distributed`).
     """
     from nactuator.progress import progress_bar
 
@@ -278,18 +287,17 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
     paths = [str(p) for p in dataset_paths(data, CVError)]
     k = folds if folds is not None else default_folds(paths)
     chosen = list(range(k if max_folds is None else min(k, max_folds)))
-    if jobs < 1:
-        raise CVError(f"--jobs must be >= 1, got {jobs}")
-    out = Path(out)
+    backend = backend or make_backend("local", jobs=jobs)
+    out = Path(out).resolve()  # a Ray task may start in another folder
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    done: dict[int, dict[str, Path]] = {}
-    with ThreadPoolExecutor(max_workers=jobs) as pool, \
-            progress_bar(total=len(chosen), desc=f"cv {name} ({k} folds)", unit="fold") as bar:
-        futures = {pool.submit(_run_fold, name, paths, k, f, out, list(extra_args)): f
-                   for f in chosen}
-        for future in as_completed(futures):
-            done[futures[future]] = future.result()
+    done = {f: s for f in chosen if (s := _finished(out / f"fold_{f}")) is not None}
+    todo = [f for f in chosen if f not in done]
+    with progress_bar(total=len(chosen), desc=f"cv {name} ({k} folds)", unit="fold") as bar:
+        bar.update(len(done))
+        calls = [(name, paths, k, f, out, list(extra_args)) for f in todo]
+        for i, scores in run_all(backend, _run_fold, calls):
+            done[todo[i]] = scores
             bar.update(1)
     summary = {}
     for selection in done[chosen[0]]:
@@ -303,11 +311,14 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
               + (f"`{' '.join(extra_args)}`" if extra_args else "(defaults)"),
               "- scores: `nactuator eval` on the held-out episodes, whole episodes, mean over "
               "tasks; sd over folds (n − 1)",
-              f"- wall time {time.perf_counter() - t0:.0f} s with {jobs} job(s)"]
+              f"- wall time {time.perf_counter() - t0:.0f} s with {backend.describe()}"
+              + (f" ({len(chosen) - len(todo)} fold(s) from an earlier run)"
+                 if len(todo) < len(chosen) else "")]
     header.append(f"- verdict (`best`, mean over folds): {cv_verdict(summary['best'])}")
     text = markdown_summary(summary, header)
     write_json(out / "cv.json", {"platform": name, "data": paths, "folds": k,
                                  "scored_folds": chosen, "extra_args": list(extra_args),
+                                 "backend": backend.describe(),
                                  "summary": summary})
     write_text(out / "cv.md", text)
     plot_summary(summary, out / "cv.png")

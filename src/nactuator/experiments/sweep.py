@@ -8,6 +8,10 @@ in a child process (``nactuator.child``, as cv and adapt start theirs: one BLAS 
 with wandb forced offline, and its final metrics are read back from a JSON file the run
 writes. The result is a ranked markdown table of the sweep metric, also
 written with all figures to ``<out>/results.json`` and ``<out>/results.md``.
+
+The runs go one at a time by default, ``--jobs`` at a time, or as Ray tasks on a cluster
+(``--backend ray``, :mod:`nactuator.distributed`): the grid (or the random draws) is
+decided here and each run is one task; Ray Tune's search algorithms are not used.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 from nactuator.atomic import write_text
 from nactuator.child import run_command
+from nactuator.distributed import Backend, make_backend, run_all
 from nactuator.errors import UserError
 from nactuator.paths import conf_dir, warp_cache_dir
 from nactuator.platforms import read_yaml_mapping
@@ -194,46 +199,61 @@ def ranked_table(spec: dict, results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _run_trial(spec: dict, k: int, params: dict[str, Any], out_dir: Path,
+               extra_args: Sequence[str], env: dict[str, str]) -> dict[str, Any]:
+    """Run configuration ``k`` of a sweep in ``out_dir/run-KKK`` and read back its metric
+    (one task of :func:`run_sweep`)."""
+    metric = spec["metric"]["name"]
+    run_dir = out_dir / f"run-{k:03d}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    metrics_file = run_dir / "metrics.json"
+    metrics_file.unlink(missing_ok=True)
+    command = build_command(spec, params, [
+        *extra_args,
+        f"--trainer.default_root_dir={run_dir}",
+        "--trainer.callbacks+=nactuator.training.callbacks.FinalMetrics",
+        f"--trainer.callbacks.path={metrics_file}",
+    ])
+    started = time.perf_counter()
+    (run_dir / "log.txt").unlink(missing_ok=True)
+    returncode = run_command(command, run_dir / "log.txt", env=env, cwd=conf_dir().parent)
+    seconds = time.perf_counter() - started
+    metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
+    value = _metric_value(metrics, metric)
+    status = "ok" if returncode == 0 and value is not None else (
+        f"failed (exit {returncode}, see {run_dir / 'log.txt'})"
+        if returncode else f"no {metric}")
+    return {"run": run_dir.name, "params": params, "metric": value,
+            "metrics": metrics, "status": status, "seconds": seconds,
+            "returncode": returncode, "command": command}
+
+
 def run_sweep(file: str, max_runs: int | None = None, method: str | None = None,
-              out: str = "runs/sweep", extra_args: Sequence[str] = (), seed: int = 0) -> str:
-    """Run every configuration of a sweep offline; return the ranked markdown table."""
+              out: str = "runs/sweep", extra_args: Sequence[str] = (), seed: int = 0,
+              backend: Backend | None = None) -> str:
+    """Run every configuration of a sweep offline on ``backend`` (default: one local job at
+    a time); return the ranked markdown table."""
     spec = load_sweep(file)
     runs = configurations(spec, method=method, max_runs=max_runs, seed=seed)
-    out_dir = Path(out)
+    backend = backend or make_backend("local")
+    out_dir = Path(out).resolve()  # a Ray task may start in another folder
     out_dir.mkdir(parents=True, exist_ok=True)
     metric = spec["metric"]["name"]
     # wandb forced offline, whatever the sweep command asks for
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
            "WARP_CACHE_PATH": str(warp_cache_dir())}
-    results = []
-    for k, params in enumerate(runs):
-        run_dir = out_dir / f"run-{k:03d}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        metrics_file = run_dir / "metrics.json"
-        metrics_file.unlink(missing_ok=True)
-        command = build_command(spec, params, [
-            *extra_args,
-            f"--trainer.default_root_dir={run_dir}",
-            "--trainer.callbacks+=nactuator.training.callbacks.FinalMetrics",
-            f"--trainer.callbacks.path={metrics_file}",
-        ])
-        print(f"[sweep] run {k + 1}/{len(runs)}: {params}", flush=True)
-        started = time.perf_counter()
-        (run_dir / "log.txt").unlink(missing_ok=True)
-        returncode = run_command(command, run_dir / "log.txt", env=env, cwd=conf_dir().parent)
-        seconds = time.perf_counter() - started
-        metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
-        value = _metric_value(metrics, metric)
-        status = "ok" if returncode == 0 and value is not None else (
-            f"failed (exit {returncode}, see {run_dir / 'log.txt'})"
-            if returncode else f"no {metric}")
-        results.append({"run": run_dir.name, "params": params, "metric": value,
-                        "metrics": metrics, "status": status, "seconds": seconds,
-                        "returncode": returncode, "command": command})
-        print(f"[sweep]   {metric} = {value} ({status}, {seconds:.0f} s)", flush=True)
+    print(f"[sweep] {len(runs)} run(s) on {backend.describe()}", flush=True)
+    found: dict[int, dict] = {}
+    calls = [(spec, k, params, out_dir, list(extra_args), env) for k, params in enumerate(runs)]
+    for k, result in run_all(backend, _run_trial, calls):
+        found[k] = result
+        print(f"[sweep] run {k + 1}/{len(runs)}: {runs[k]}: {metric} = {result['metric']} "
+              f"({result['status']}, {result['seconds']:.0f} s)", flush=True)
+    results = [found[k] for k in range(len(runs))]
     table = ranked_table(spec, results)
     summary = {"file": spec["_path"], "method": method or spec.get("method"),
-               "metric": spec["metric"], "seed": seed, "runs": results}
+               "metric": spec["metric"], "seed": seed, "backend": backend.describe(),
+               "runs": results}
     _write_atomic(out_dir / "results.json", json.dumps(summary, indent=2, default=str))
     _write_atomic(out_dir / "results.md", table + "\n")
     return table
