@@ -36,7 +36,8 @@ test:
 # with the 2 cores at a load average of 6, DDP the longest at 104 s): DDP with 2 processes, the Newton closed-loop FD on every platform (the fast
 # suite runs the chain engine's), the 20x Ctrl-C on the DYNAMIXEL bus,
 # full-size export parity of the paper's transformer, `eval --baselines all` end to end,
-# calibrate-arm on two emulated arms with Ctrl-C and resume, adapt's nested N = 1, 2. Named by id, so a renamed or removed
+# calibrate-arm on two emulated arms with Ctrl-C and resume, adapt's nested N = 1, 2, cv on a
+# real 127.0.0.1 Ray head against the local pool. Named by id, so a renamed or removed
 # test fails here instead of silently dropping out.
 SLOW_SAMPLE := \
 	tests/test_training_cli.py::test_ddp_two_cpu_processes \
@@ -48,7 +49,8 @@ SLOW_SAMPLE := \
 	'tests/test_export.py::test_full_size_exports_match_eager[transformer]' \
 	tests/test_baselines_eval.py::test_eval_cli_adds_one_row_per_baseline_to_every_table \
 	tests/test_calibrate_arm.py::test_calibrate_arm_end_to_end_on_emulated_arms_with_ctrl_c_and_resume \
-	'tests/test_adapt.py::test_adapt_writes_the_curve_and_n0_is_the_checkpoint[n1-n2]'
+	'tests/test_adapt.py::test_adapt_writes_the_curve_and_n0_is_the_checkpoint[n1-n2]' \
+	tests/test_distributed.py::test_cv_on_a_ray_cluster_gives_the_local_per_fold_figures
 
 test-slow-sample:
 	$(PY) -m pytest -q -m slow --durations=10 $(SLOW_SAMPLE)

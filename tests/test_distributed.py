@@ -136,7 +136,9 @@ def test_cv_on_a_ray_cluster_gives_the_local_per_fold_figures(tmp_path, ray_head
     assert cv["backend"] == f"Ray tasks on {ray_head} (1 CPU, 0 GPU each)"
     for fold in (0, 1):  # the fold's logs are where a local run leaves them
         log = (tmp_path / "ray" / f"fold_{fold}" / "train.log").read_text()
-        assert log.count("$ ") == 3 and "-m nactuator.cli train" in log
+        # one train and one eval (scoring best and last) per fold
+        assert log.count("$ ") == 2 and "-m nactuator.cli train" in log
+        assert "-m nactuator.cli eval" in log
 
     # resumed: both folds exist, nothing is submitted and the figures are the same
     stamp = (tmp_path / "ray" / "fold_0" / "eval_best" / "metrics.json").stat().st_mtime_ns
