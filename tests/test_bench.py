@@ -178,3 +178,13 @@ def test_bench_data_efficiency_runs_both_archs_through_cv(tmp_path, monkeypatch,
     assert len(row) == 4 and row[3] == f"{ref['jointwise']:.2f}", text
     assert (out / "data_efficiency.png").stat().st_size > 0
     assert (out / "data_efficiency.md").read_text().splitlines()[-1].startswith("| 1 |")
+
+
+def test_bench_uncertainty_times_both_heads(capsys):
+    bench_main("uncertainty")(["--repeats", "1", "--batches", "1,8", "--calls", "2"])
+    out = capsys.readouterr().out
+    for batch in ("1", "8"):
+        (row,) = table_rows(out, batch)
+        base, head, ratio = (number(c) for c in row[1:4])
+        assert base > 0 and head > 0 and ratio == pytest.approx(head / base, rel=0.01)
+    assert "85,488 without, 85,587 with" in out  # the head adds 3 x 33 weights

@@ -132,6 +132,16 @@ def _backend(a: argparse.Namespace) -> Backend:
                         num_gpus=a.task_gpus)
 
 
+def _calibrate_intervals(a: argparse.Namespace) -> int:
+    _check_model_paths(a.ckpt)
+    from nactuator.eval.intervals import calibrate
+
+    cv = None if a.cv_folds is None else (a.cv_folds, a.cv_fold)
+    print(calibrate(a.ckpt, a.data, split=a.split, out=a.out, level=a.level, scale=a.scale,
+                    cv=cv))
+    return 0
+
+
 def _cv(a: argparse.Namespace, rest: list[str]) -> int:
     backend = _backend(a)
     from nactuator.experiments.cv import run_cv
@@ -548,6 +558,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "joint rows beside the model's), e.g. a counterfactual beside a "
                         "telemetry model")
     s.set_defaults(func=_eval)
+
+    s = sub.add_parser("calibrate-intervals", help="conformal scale of the force interval "
+                       "from held-out episodes (model.uncertainty), stored in the checkpoint")
+    s.add_argument("--ckpt", required=True, help="checkpoint (.ckpt) or bundle with the "
+                   "uncertainty head")
+    s.add_argument("--data", default=None, help="dataset path(s) with the held-out episodes")
+    s.add_argument("--split", default="validation", choices=["validation", "test"],
+                   help="held-out episodes to calibrate on (default: validation)")
+    s.add_argument("--scale", type=float, default=None,
+                   help="set this scale (in σ) instead, e.g. the pooled out-of-fold scale "
+                        "`cv` reports")
+    s.add_argument("--level", type=float, default=0.9, help="nominal coverage (default 0.9)")
+    s.add_argument("--out", default=None, help="write the calibrated checkpoint here "
+                   "(default: in place)")
+    s.add_argument("--folds", "--cv-folds", dest="cv_folds", type=int, default=None,
+                   help="use the splits of a cross-validation fold (see `cv`)")
+    s.add_argument("--fold", "--cv-fold", dest="cv_fold", type=int, default=0,
+                   help="which fold (0-based)")
+    s.set_defaults(func=_calibrate_intervals)
 
     s = sub.add_parser("cv", help="k-fold cross-validation by episode of a training "
                        "recipe: mean ± sd over folds; extra args go to `train`",

@@ -197,6 +197,8 @@ class Rollout:
     gate_logit: torch.Tensor  # (B, T-1)
     condition: torch.Tensor  # (B, T-1, n) probability of nominal condition
     condition_logit: torch.Tensor  # (B, T-1, n)
+    # (B, T-1, 3) log σ² of the force, from a model with the uncertainty head; else None
+    force_log_var: torch.Tensor | None = None
 
     def episode(self, row: int, length: int) -> Rollout:
         """Row ``row`` cut to an episode of ``length`` frames, as float64 numpy arrays
@@ -207,6 +209,8 @@ class Rollout:
         states = {k: cut(getattr(self, k), length) for k in ("q", "qd")}
         steps = {k: cut(getattr(self, k), length - 1) for k in
                  ("tau", "force", "gate", "gate_logit", "condition", "condition_logit")}
+        steps.update({k: cut(getattr(self, k), length - 1) for k in _OPTIONAL_KEYS
+                      if getattr(self, k) is not None})
         return Rollout(**states, **steps)
 
 
@@ -225,6 +229,7 @@ def _check_steps(block: Mapping[str, torch.Tensor], window_length: int,
 
 
 _OUTPUT_KEYS = ("tau", "force", "gate", "gate_logit", "condition", "condition_logit")
+_OPTIONAL_KEYS = ("force_log_var",)  # kept when the actuator gives them
 
 
 def _finish(actuator_out: Mapping[str, torch.Tensor], outs: dict[str, list[torch.Tensor]],
@@ -237,6 +242,9 @@ def _finish(actuator_out: Mapping[str, torch.Tensor], outs: dict[str, list[torch
     for key in _OUTPUT_KEYS:
         value = actuator_out[key]
         outs[key].append(value.reshape(batch) if key.startswith("gate") else value)
+    for key in _OPTIONAL_KEYS:
+        if key in actuator_out:
+            outs.setdefault(key, []).append(actuator_out[key])
     return tau
 
 

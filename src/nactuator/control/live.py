@@ -61,7 +61,12 @@ class LiveLoop:
                                       device, filters=input_filters)
         self.t0: float | None = None  # time of the first frame; rows carry t - t0
         names = platform.channel_names
-        self.columns = (["t", "fx", "fy", "fz", "gate"] + [f"condition_{c}" for c in names]
+        # A model with the uncertainty head also streams its calibrated force interval.
+        self.interval = bool(getattr(actuator, "has_uncertainty", False))
+        bounds = ([f"force_{b}_{a}" for b in ("lo", "hi") for a in "xyz"]
+                  if self.interval else [])
+        self.columns = (["t", "fx", "fy", "fz", *bounds, "gate"]
+                        + [f"condition_{c}" for c in names]
                         + ["valid", "warm", "read_ms", "infer_ms", "write_ms", "total_ms",
                            "late_ms"])
 
@@ -83,7 +88,13 @@ class LiveLoop:
         if self.t0 is None:
             self.t0 = frame.t
         row = {"t": frame.t - self.t0, "fx": float(force[0]), "fy": float(force[1]),
-               "fz": float(force[2]), "gate": gate}
+               "fz": float(force[2])}
+        if self.interval:
+            for b in ("lo", "hi"):
+                bound = out[f"force_{b}"][0].cpu().numpy()
+                row.update({f"force_{b}_{a}": float(v) for a, v in zip("xyz", bound,
+                                                                      strict=True)})
+        row["gate"] = gate
         row.update({f"condition_{c}": float(v)
                     for c, v in zip(self.platform.channel_names, condition, strict=True)})
         row.update(valid=int(frame.valid.all()), warm=int(self.window.warm),

@@ -25,6 +25,13 @@ from nactuator.eval.episodes import (
     load_with_sources,
 )
 from nactuator.eval.infer import predict_episodes
+from nactuator.eval.intervals import (
+    SCORES_FILE,
+    interval_markdown,
+    interval_report,
+    interval_scores,
+    write_scores,
+)
 from nactuator.eval.plots import plot_force, plot_joints
 from nactuator.eval.protocol import episode_rollouts, score_episode
 from nactuator.eval.report import markdown_report
@@ -37,6 +44,18 @@ LINEAR_RIDGE = 1e-6  # "tiny λ": only there to keep collinear telemetry solvabl
 MAX_PLOTTED_EPISODES = 12  # plots are for looking at, not for every episode of a big split
 
 
+
+
+def actuator_scale(actuator) -> float:
+    """The interval half-width in σ a loaded model uses: a checkpoint's
+    ``interval_scale``, an export's metadata calibration, else the Gaussian 1.645."""
+    from nactuator.uncertainty import GAUSSIAN_Z90
+
+    scale = getattr(actuator, "interval_scale", None)
+    if scale is not None:
+        return float(scale)
+    calibration = (getattr(actuator, "metadata", None) or {}).get("uncertainty")
+    return float(calibration["scale"]) if calibration else GAUSSIAN_Z90
 
 
 def verdict_figures(mean: dict, arm: list[int]) -> dict[str, float]:
@@ -58,10 +77,15 @@ def verdict_figures(mean: dict, arm: list[int]) -> dict[str, float]:
     return figures
 
 
-def _linear_reference(data, platform, filters: dict,
-                      cv: tuple[int, int] | None) -> tuple[LinearForceReference | None, dict]:
+def _linear_reference(data, platform, filters: dict, cv: tuple[int, int] | None,
+                      tasks: set[str] | None = None
+                      ) -> tuple[LinearForceReference | None, dict]:
+    """The linear force reference fitted on the train split; ``tasks`` (if given) gets
+    the train split's task names (seen / unseen task of the interval report)."""
     train = [filter_episode(ep, filters)
              for ep in load_episodes(data, platform, "train", cv)]
+    if tasks is not None:
+        tasks.update(ep.task for ep in train)
     if not train:
         return None, {"unavailable": "the dataset has no train split to fit it on"}
     try:
@@ -152,7 +176,8 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     if not episodes:
         where = ", ".join(str(p) for p in dataset_paths(data))
         raise EvalDataError(f"{where}: no episodes in split {split!r}")
-    linear, linear_info = _linear_reference(data, platform, filters, cv)
+    train_tasks: set[str] = set()
+    linear, linear_info = _linear_reference(data, platform, filters, cv, train_tasks)
 
     scales, units = M.channel_scales([c.kind for c in platform.channels])
     sim = Simulator(platform, device=device)
@@ -160,6 +185,13 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     rollouts = episode_rollouts(actuator, sim, episodes, device=device)
     # The deployment path on the same episodes and inputs: recorded state, no simulator.
     causal = predict_episodes(actuator, episodes)
+
+    intervals = None
+    if "force_lo" in causal[0]:  # the uncertainty head: coverage of the 90 % interval
+        known_tasks = train_tasks or None
+        intervals = interval_report(episodes, causal, actuator_scale(actuator),
+                                    meta.get("uncertainty"), known_tasks)
+        write_scores(out / SCORES_FILE, interval_scores(episodes, causal, known_tasks))
 
     paths = dataset_paths(data)
     per_episode = []
@@ -227,12 +259,15 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
         "verdict": {"line": verdict(figures, "linear regression"),
                     "worse_than_a_reference": is_worse(figures), **figures},
         "aggregate": aggregate,
+        **({"uncertainty": intervals} if intervals is not None else {}),
         "per_episode": per_episode,
         "plots": [p.name for p in plots],
         "wall_time_s": time.perf_counter() - t0,
     }
     result = json_safe(result)  # NaN -> None: "n/a" in the table, null in the JSON
     text = markdown_report(result)
+    if intervals is not None:
+        text += interval_markdown(result["uncertainty"])
     write_json(out / "metrics.json", result)
     write_text(out / "metrics.md", text)
     return text

@@ -39,10 +39,15 @@ __all__ = ["BATCH_SIZE", "infer", "predict_episodes"]
 BATCH_SIZE = 4096  # windows per forward pass; ~1-2 MB of input, fast on any CPU
 
 
+INTERVAL_OUTPUTS = ("force_sigma", "force_lo", "force_hi")  # (T, 3) each, with the head
+AXES = ("x", "y", "z")
+
+
 def predict_episodes(actuator, episodes: Sequence[Episode],
                      batch_size: int = BATCH_SIZE) -> list[dict[str, np.ndarray]]:
     """Per episode: ``tau`` (T, n), ``force`` (T, 3), ``gate`` (T,), ``condition`` (T, n)
-    for every frame.
+    for every frame; a model with the uncertainty head adds ``force_sigma``, ``force_lo``
+    and ``force_hi`` (T, 3).
 
     Runs in eval mode (no dropout) without autograd; the actuator's mode is restored.
     """
@@ -59,7 +64,7 @@ def _predict(actuator, episodes: Sequence[Episode],
     total = stacked[keys[0]].shape[0]
     # An exported model (models.exported) has no parameters and runs on the CPU.
     device = next((p.device for p in actuator.parameters()), torch.device("cpu"))
-    outs = {"tau": [], "force": [], "gate": [], "condition": []}
+    outs: dict[str, list[torch.Tensor]] = {"tau": [], "force": [], "gate": [], "condition": []}
     for start in range(0, total, batch_size):
         window = {k: v[start:start + batch_size].to(device) for k, v in stacked.items()}
         out = actuator(window)
@@ -67,6 +72,9 @@ def _predict(actuator, episodes: Sequence[Episode],
         outs["force"].append(out["force"].float().cpu())
         outs["gate"].append(out["gate"].reshape(-1).float().cpu())
         outs["condition"].append(out["condition"].float().cpu())
+        for key in INTERVAL_OUTPUTS:
+            if key in out:
+                outs.setdefault(key, []).append(out[key].float().cpu())
     flat = {k: torch.cat(v).numpy().astype(np.float64) for k, v in outs.items()}
     results, offset = [], 0
     for ep in episodes:
@@ -86,7 +94,9 @@ def infer(ckpt: str | os.PathLike, data, split: str | None = None,
     """Causal estimates for every frame of ``split`` (None = all episodes) of ``data``.
 
     Writes a CSV to ``out`` (if given) with columns ``episode, frame, timestamp, fx, fy,
-    fz, gate`` and, unless ``force_only``, ``condition_<channel>`` per motor. Returns a
+    fz, gate``, for a model with the uncertainty head ``force_lo_<axis>, force_hi_<axis>``
+    (the calibrated 90 % interval, docs/uncertainty.md), and, unless ``force_only``,
+    ``condition_<channel>`` per motor. Returns a
     summary: frames, throughput, and force MAE against the labels where there are any.
     """
     t0 = time.perf_counter()
@@ -112,6 +122,10 @@ def infer(ckpt: str | os.PathLike, data, split: str | None = None,
         force = np.concatenate([p["force"] for p in preds])
         columns.update(fx=force[:, 0], fy=force[:, 1], fz=force[:, 2],
                        gate=np.concatenate([p["gate"] for p in preds]))
+        if "force_lo" in preds[0]:
+            for key in ("force_lo", "force_hi"):
+                bound = np.concatenate([p[key] for p in preds])
+                columns.update({f"{key}_{a}": bound[:, i] for i, a in enumerate(AXES)})
         if not force_only:
             cond = np.concatenate([p["condition"] for p in preds])
             for j, name in enumerate(platform.channel_names):

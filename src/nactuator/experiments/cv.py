@@ -35,6 +35,7 @@ from nactuator.data.references import is_worse, verdict
 from nactuator.distributed import Backend, make_backend, run_all
 from nactuator.errors import UserError
 from nactuator.platforms import load_platform
+from nactuator.uncertainty import NOMINAL_LEVEL, conformal_scale, cross_fold_coverage
 
 __all__ = ["CVError", "run_cv", "summarize_folds"]
 
@@ -150,6 +151,41 @@ def fold_row(metrics: dict) -> dict[str, float | None]:
                         "false_contact_rate"]
                     row[f"{prefix}mean ‖f̂‖ (N), {name}"] = nc[method]["mean_force_norm"]
     return row
+
+
+def interval_rows(score_files: Sequence[Path], level: float = NOMINAL_LEVEL
+                  ) -> tuple[list[dict[str, float | None]], dict[str, Any] | None]:
+    """The force interval of a cross-validation, calibrated by pooling out-of-fold episodes:
+    for fold f the conformal scale (:func:`nactuator.uncertainty.cross_fold_coverage`,
+    the episode as the unit) comes from the held-out episodes of every other fold, each
+    scored by its own fold's model, and is judged on fold f's held-out episodes (coverage,
+    mean width, contact / no-contact coverage). Also the scale pooled over all folds (what
+    `nactuator calibrate-intervals --scale` gives the recipe's final model). ([], None) when a fold
+    has no scores (a model without the uncertainty head)."""
+    from nactuator.eval.intervals import load_scores
+
+    if not score_files or not all(Path(p).is_file() for p in score_files):
+        return [], None
+    folds = [load_scores(p) for p in score_files]
+    lofo = cross_fold_coverage([[e["scores"] for e in fold] for fold in folds], level)
+    rows: list[dict[str, float | None]] = []
+    for fold, cal in zip(folds, lofo, strict=True):
+        row: dict[str, float | None] = {"interval scale (σ), out-of-fold": cal["scale"],
+                                        "interval coverage (%), out-of-fold":
+                                        None if cal["coverage"] is None
+                                        else 100 * cal["coverage"]}
+        scale = cal["scale"]
+        if scale is not None:
+            scores = np.concatenate([e["scores"] for e in fold])
+            sigma = np.concatenate([e["sigma"] for e in fold])
+            contact = np.concatenate([e["contact"] for e in fold])
+            row["interval width (N), out-of-fold"] = float(2 * scale * sigma.mean())
+            for name, keep in (("contact", contact), ("no contact", ~contact)):
+                row[f"interval coverage (%), {name}, out-of-fold"] = (
+                    float(100 * np.mean(scores[keep] <= scale)) if keep.any() else None)
+        rows.append(row)
+    pooled = conformal_scale([e["scores"] for fold in folds for e in fold], level)
+    return rows, pooled
 
 
 def summarize_folds(rows: Sequence[dict[str, float | None]]) -> dict[str, dict[str, Any]]:
@@ -299,9 +335,15 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
         for i, scores in run_all(backend, _run_fold, calls):
             done[todo[i]] = scores
             bar.update(1)
-    summary = {}
+    summary, pooled_scales = {}, {}
     for selection in done[chosen[0]]:
         rows = [fold_row(json.loads(done[f][selection].read_text())) for f in chosen]
+        extra, pooled = interval_rows([done[f][selection].parent / "uncertainty_scores.npz"
+                                       for f in chosen])
+        for row, more in zip(rows, extra, strict=False):
+            row.update(more)
+        if pooled is not None:
+            pooled_scales[selection] = pooled
         summary[selection] = summarize_folds(rows)
     header = [f"# Cross-validation: {name}, {len(chosen)} of {k} folds", "",
               f"- data: {', '.join(f'`{p}`' for p in paths)}; folds by episode "
@@ -315,11 +357,19 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
               + (f" ({len(chosen) - len(todo)} fold(s) from an earlier run)"
                  if len(todo) < len(chosen) else "")]
     header.append(f"- verdict (`best`, mean over folds): {cv_verdict(summary['best'])}")
+    for selection, pooled in pooled_scales.items():
+        header.append(
+            f"- force interval (`{selection}`): each fold's conformal scale from the other "
+            f"folds' held-out episodes (out-of-fold, the episode as the unit); pooled over "
+            f"all {pooled['episodes']} held-out episodes: {pooled['scale']:.3f} σ "
+            f"(`nactuator calibrate-intervals --ckpt CKPT --scale {pooled['scale']:.3f}`)"
+            + ("" if pooled["guarantee"] else "; fewer than 9 episodes: no finite-sample "
+               "guarantee"))
     text = markdown_summary(summary, header)
     write_json(out / "cv.json", {"platform": name, "data": paths, "folds": k,
                                  "scored_folds": chosen, "extra_args": list(extra_args),
                                  "backend": backend.describe(),
-                                 "summary": summary})
+                                 "interval_scale_pooled": pooled_scales, "summary": summary})
     write_text(out / "cv.md", text)
     plot_summary(summary, out / "cv.png")
     return text

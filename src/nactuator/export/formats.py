@@ -26,7 +26,7 @@ import torch
 
 from nactuator.atomic import atomic_path, json_safe
 from nactuator.errors import UserError
-from nactuator.export.graph import EXPORT_FORMAT, EXPORT_OUTPUTS, ExportableActuator
+from nactuator.export.graph import EXPORT_FORMAT, ExportableActuator
 from nactuator.export.quantize import (
     INT8_CHECK_BATCH,
     check_quantize_option,
@@ -37,7 +37,14 @@ from nactuator.export.quantize import (
 from nactuator.export.units import export_units
 from nactuator.model_files import EXPORT_EXTENSIONS, ONNX, TORCHSCRIPT, export_format
 from nactuator.models import NeuralActuator, load_actuator
-from nactuator.models.exported import META_FILE, ONNX_META_KEY, PAD_INPUT, ort_session
+from nactuator.models.exported import (
+    INTERVAL_OUTPUTS,
+    META_FILE,
+    ONNX_META_KEY,
+    PAD_INPUT,
+    export_outputs,
+    ort_session,
+)
 from nactuator.platforms import load_platform
 
 FORMATS = (TORCHSCRIPT, ONNX)
@@ -57,11 +64,15 @@ def export_metadata(actuator: NeuralActuator, meta: dict[str, Any]) -> dict[str,
         "platform": platform,
         "inputs": actuator.inputs,
         "graph_inputs": [*actuator.inputs, PAD_INPUT],
-        "outputs": list(EXPORT_OUTPUTS),
+        "outputs": list(export_outputs(actuator.has_uncertainty)),
         "input_shapes": {**{k: ["batch", length, n] for k in actuator.inputs},
                          PAD_INPUT: ["batch", length]},
         "output_shapes": {"tau": ["batch", n], "force": ["batch", 3], "gate": ["batch", 1],
-                          "condition": ["batch", n]},
+                          "condition": ["batch", n],
+                          **({k: ["batch", 3] for k in INTERVAL_OUTPUTS}
+                             if actuator.has_uncertainty else {})},
+        # The force interval's calibration (baked into the graph as a constant).
+        "uncertainty": meta.get("uncertainty"),
         "window_length": length,
         "n_motors": n,
         "features": actuator.features,
@@ -177,7 +188,7 @@ def to_onnx(actuator: NeuralActuator, out: Path, metadata: dict[str, Any],
     dynamic = (tuple({0: batch} for _ in graph.input_names),)
     program = torch.onnx.export(graph, graph.example_inputs(batch=2), dynamo=True,
                                 input_names=graph.input_names,
-                                output_names=list(EXPORT_OUTPUTS),
+                                output_names=graph.output_names,
                                 dynamic_shapes=dynamic, verbose=False)
     if program is None:
         raise ExportError("torch.onnx.export returned no program")

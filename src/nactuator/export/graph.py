@@ -1,5 +1,6 @@
 """The deployable forward: window tensors and the padding mask in (positional), four
-outputs out (a tuple).
+outputs out (a tuple), seven for a model with the uncertainty head (+ ``force_lo``,
+``force_hi``, ``force_sigma``).
 
 Exported graphs cannot take a dict of optional channels, so the inputs are the raw
 window keys the actuator's feature groups need, in ``actuator.inputs`` order, each
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from nactuator.models import NeuralActuator
-from nactuator.models.exported import EXPORT_FORMAT, EXPORT_OUTPUTS, PAD_INPUT
+from nactuator.models.exported import EXPORT_FORMAT, EXPORT_OUTPUTS, PAD_INPUT, export_outputs
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_OUTPUTS", "PAD_INPUT", "ExportableActuator"]
 
@@ -27,12 +28,13 @@ class ExportableActuator(nn.Module):
         self.actuator = actuator
         self.channel_names = actuator.inputs
         self.input_names = [*actuator.inputs, PAD_INPUT]
+        self.output_names = list(export_outputs(actuator.has_uncertainty))
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         *channels, pad = inputs
         window = dict(zip(self.channel_names, channels, strict=True))
         out = self.actuator({**window, PAD_INPUT: pad})
-        return tuple(out[k] for k in EXPORT_OUTPUTS)
+        return tuple(out[k] for k in self.output_names)
 
     def example_inputs(self, batch: int = 2) -> tuple[torch.Tensor, ...]:
         """Plausible inputs: each channel's train-set mean plus std-sized noise, so the

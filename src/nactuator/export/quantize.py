@@ -34,7 +34,8 @@ QUANTIZE = ("none", "int8")
 INT8_RELATIVE_TOLERANCE = 0.10  # tau, force: max |Δ| / RMS(eager output)
 INT8_PROBABILITY_TOLERANCE = 0.02  # gate, condition: max |Δ| of a probability
 INT8_CHECK_BATCH = 256
-SCALED_OUTPUTS = ("tau", "force")  # in physical units: judged relative to their size
+# In physical units: judged relative to their size (the force interval's too).
+SCALED_OUTPUTS = ("tau", "force", "force_lo", "force_hi", "force_sigma")
 
 
 class QuantizeOptionError(UserError, ValueError):
@@ -55,10 +56,12 @@ def check_quantize_option(quantize: str | None, fmt: str) -> str:
     return quantize
 
 
-def int8_errors(outputs: Sequence[Any], expected: Sequence[torch.Tensor]) -> dict[str, float]:
-    """Per export output: relative error for tau/force, absolute error for gate/condition."""
+def int8_errors(outputs: Sequence[Any], expected: Sequence[torch.Tensor],
+                names: Sequence[str] = EXPORT_OUTPUTS) -> dict[str, float]:
+    """Per export output (``names``, the graph's order): relative error for tau, force and
+    the force interval, absolute error for gate/condition."""
     errors = {}
-    for name, got, want in zip(EXPORT_OUTPUTS, outputs, expected, strict=True):
+    for name, got, want in zip(names, outputs, expected, strict=True):
         worst = float((torch.as_tensor(got) - want).abs().max())
         if name in SCALED_OUTPUTS:
             # The floor only keeps an all-zero output from dividing by zero.
@@ -67,9 +70,9 @@ def int8_errors(outputs: Sequence[Any], expected: Sequence[torch.Tensor]) -> dic
     return errors
 
 
-def int8_tolerances() -> dict[str, float]:
+def int8_tolerances(names: Sequence[str] = EXPORT_OUTPUTS) -> dict[str, float]:
     return {name: INT8_RELATIVE_TOLERANCE if name in SCALED_OUTPUTS
-            else INT8_PROBABILITY_TOLERANCE for name in EXPORT_OUTPUTS}
+            else INT8_PROBABILITY_TOLERANCE for name in names}
 
 
 def measure_int8_errors(run: Callable[..., Any], graph: ExportableActuator,
@@ -78,15 +81,15 @@ def measure_int8_errors(run: Callable[..., Any], graph: ExportableActuator,
     inputs = graph.example_inputs(batch=batch)
     with torch.no_grad():
         expected = graph(*inputs)
-    return int8_errors(run(*inputs), expected)
+    return int8_errors(run(*inputs), expected, graph.output_names)
 
 
 def int8_failures(errors: dict[str, float]) -> list[str]:
     """One line per output whose error is beyond its tolerance (empty: the check passed)."""
-    tolerances = int8_tolerances()
+    tolerances = int8_tolerances(list(errors))
     return [f"{name} {errors[name]:.3g} > {tolerances[name]:.3g}"
             + (" (relative to its RMS)" if name in SCALED_OUTPUTS else " (absolute)")
-            for name in EXPORT_OUTPUTS if not errors[name] <= tolerances[name]]
+            for name in errors if not errors[name] <= tolerances[name]]
 
 
 def quantize_onnx_int8(source: Path, target: Path) -> None:

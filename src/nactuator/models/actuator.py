@@ -12,6 +12,11 @@ from nactuator.models.features import DEFAULT_FEATURES, FeatureBuilder, actuator
 from nactuator.models.firmware import FirmwareLaw
 from nactuator.models.networks import build_model
 from nactuator.models.physics import build_physics
+from nactuator.uncertainty import GAUSSIAN_Z90
+
+# What a model with the heteroscedastic force head adds to its outputs (each (B, 3), N):
+# σ per axis and the interval f̂ ∓ scale·σ of the bundle's calibration.
+INTERVAL_KEYS = ("force_sigma", "force_lo", "force_hi")
 
 
 def upgrade_model_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -68,6 +73,20 @@ class NeuralActuator(nn.Module):
             self.model_config["firmware"] = firmware.to_config()
         if physics_config is not None:
             self.model_config["physics"] = dict(physics_config)
+        # The interval calibration (bundle data, nactuator.uncertainty.calibration_record);
+        # None: not calibrated, the Gaussian 90 % half-width z = 1.645 σ.
+        self.interval_calibration: dict[str, Any] | None = None
+
+    @property
+    def has_uncertainty(self) -> bool:
+        """True when the network has the heteroscedastic force head (``force_lo/hi``)."""
+        return bool(self.model_config.get("uncertainty"))
+
+    @property
+    def interval_scale(self) -> float:
+        """Half-width of the force interval in σ: the calibrated scale, else z_0.95."""
+        calibration = self.interval_calibration
+        return GAUSSIAN_Z90 if not calibration else float(calibration["scale"])
 
     @property
     def window_length(self) -> int:
@@ -113,4 +132,9 @@ class NeuralActuator(nn.Module):
         out = self.net(self.feature_builder(window))
         if self.physics is not None:
             out["tau"] = self.physics(window) + out["tau"]
+        if "force_log_var" in out:
+            sigma = torch.exp(0.5 * out["force_log_var"])
+            half = self.interval_scale * sigma
+            out.update(force_sigma=sigma, force_lo=out["force"] - half,
+                       force_hi=out["force"] + half)
         return out

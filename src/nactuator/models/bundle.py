@@ -29,6 +29,7 @@ from nactuator.models.actuator import NeuralActuator
 BUNDLE_FORMAT = "nactuator-actuator/1"
 CHECKPOINT_KEY = "nactuator"
 _RESERVED = ("ema_state_dict", "training_config", "input_filters")
+UNCERTAINTY_KEY = "uncertainty"  # the force interval's calibration (absent: none)
 
 
 class BundleError(UserError, ValueError):
@@ -91,6 +92,9 @@ def bundle_to_dict(actuator: NeuralActuator, platform: str,
         # None (a bundle built without a DataModule): readers use legacy_spec.
         "input_filters": None if filters is None else check_spec(filters),
         "extra": {k: v for k, v in extra.items() if k not in _RESERVED},
+        # The force interval's conformal calibration (nactuator.uncertainty), plain data.
+        UNCERTAINTY_KEY: (None if actuator.interval_calibration is None
+                          else dict(actuator.interval_calibration)),
     }
 
 
@@ -175,12 +179,18 @@ def load_actuator(source: str | os.PathLike | Mapping, use_ema: bool = True,
     except RuntimeError as err:
         raise BundleError(f"{where}: {weights} weights do not fit the bundle's model "
                           f"config {bundle['model_config']}: {err}") from err
+    calibration = bundle.get(UNCERTAINTY_KEY)
+    if calibration is not None:
+        if not actuator.has_uncertainty:
+            raise BundleError(f"{where}: the bundle has an interval calibration but its model "
+                              "has no uncertainty head")
+        actuator.interval_calibration = dict(calibration)
     if isinstance(map_location, (str, torch.device)):
         actuator.to(map_location)
     actuator.eval()
     meta = {k: bundle.get(k) for k in ("format", "platform", "features", "n_motors",
                                        "norm_stats", "model_config", "training_config",
-                                       "extra")}
+                                       "extra", UNCERTAINTY_KEY)}
     meta.update(weights=weights, source=where, mode=actuator.mode,
                 input_filters=input_filters_of(bundle, where))
     return actuator, meta
@@ -196,3 +206,22 @@ def input_filters_of(bundle: Mapping, where: str) -> dict[str, Any]:
         return legacy_spec(bundle.get("training_config"))
     except InputFilterError as err:
         raise BundleError(f"{where}: {err}") from err
+
+
+def set_calibration(source: str | os.PathLike, calibration: Mapping[str, Any] | None,
+                    out: str | os.PathLike | None = None) -> Path:
+    """Store the force interval's calibration (plain data,
+    ``nactuator.uncertainty.calibration_record``) in a checkpoint or bundle file, written
+    atomically to ``out`` (default: ``source`` itself, a symlink's target). Weights and
+    everything else are kept as they are."""
+    obj, where = _read(source, "cpu")
+    bundle = obj.get(CHECKPOINT_KEY, obj)
+    if not isinstance(bundle, dict) or bundle.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"{where} is not a nactuator checkpoint or bundle")
+    if not (bundle.get("model_config") or {}).get("uncertainty"):
+        raise BundleError(f"{where}: its model has no uncertainty head to calibrate")
+    bundle[UNCERTAINTY_KEY] = None if calibration is None else dict(calibration)
+    target = Path(out) if out is not None else Path(where).resolve()
+    with atomic_path(target) as tmp:
+        torch.save(obj, tmp)
+    return target

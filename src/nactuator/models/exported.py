@@ -32,16 +32,26 @@ from nactuator.models.features import actuator_mode
 __all__ = [
     "EXPORT_FORMAT",
     "EXPORT_OUTPUTS",
+    "INTERVAL_OUTPUTS",
     "META_FILE",
     "ONNX_META_KEY",
     "PAD_INPUT",
     "ExportedActuator",
     "load_exported",
+    "export_outputs",
     "ort_session",
 ]
 
 EXPORT_FORMAT = "nactuator-export/2"  # /1 had no padding input (first L - 1 frames differed)
 EXPORT_OUTPUTS = ("tau", "force", "gate", "condition")
+# Added after those by a model with the uncertainty head: the calibrated force interval and
+# σ ((B, 3) each, N); the calibration scale is a constant of the exported graph.
+INTERVAL_OUTPUTS = ("force_lo", "force_hi", "force_sigma")
+
+
+def export_outputs(has_uncertainty: bool) -> tuple[str, ...]:
+    """The exported graph's outputs, in order."""
+    return (*EXPORT_OUTPUTS, *INTERVAL_OUTPUTS) if has_uncertainty else EXPORT_OUTPUTS
 PAD_INPUT = "pad"  # (B, L) bool, True on zero-padded frames before the stream's first frame
 META_FILE = "nactuator.json"  # TorchScript: the metadata as this extra file
 ONNX_META_KEY = "nactuator"  # ONNX: the metadata as this metadata_props entry
@@ -86,6 +96,17 @@ class ExportedActuator(nn.Module):
     def mode(self) -> str:
         return actuator_mode(self.inputs)
 
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The graph's outputs, in order (the metadata's; files before the interval
+        outputs list the four of :data:`EXPORT_OUTPUTS`)."""
+        return tuple(self.metadata.get("outputs") or EXPORT_OUTPUTS)
+
+    @property
+    def has_uncertainty(self) -> bool:
+        """True when the file gives the force interval (``force_lo``/``force_hi``)."""
+        return "force_lo" in self.outputs
+
     def forward(self, window: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         first = window[self.inputs[0]]
         device, (batch, length) = first.device, first.shape[:2]
@@ -95,7 +116,7 @@ class ExportedActuator(nn.Module):
         args = [window[k].detach().to("cpu", torch.float32) for k in self.inputs]
         args.append(pad.detach().to("cpu", torch.bool))
         out = {k: torch.as_tensor(v).to(device)
-               for k, v in zip(EXPORT_OUTPUTS, self._run(args), strict=True)}
+               for k, v in zip(self.outputs, self._run(args), strict=True)}
         out["gate_logit"] = torch.logit(out["gate"], eps=LOGIT_EPS)
         out["condition_logit"] = torch.logit(out["condition"], eps=LOGIT_EPS)
         return out
@@ -179,5 +200,6 @@ def load_exported(path: str | os.PathLike, kind: str, expect_platform: str | Non
             "training_config": metadata.get("training_config"), "extra": None,
             "input_filters": input_filters_of(metadata, str(path)),
             "weights": metadata.get("weights"), "source": str(path), "mode": actuator.mode,
+            "uncertainty": metadata.get("uncertainty"),
             "export": {"kind": kind, "quantize": metadata.get("quantize", "none")}}
     return actuator, meta

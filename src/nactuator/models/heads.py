@@ -7,11 +7,33 @@ end-effector force with its contact gate, and the per-motor condition score.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nactuator.uncertainty import LOG_VAR_MAX, LOG_VAR_MIN
+
 OUTPUT_KEYS = ("tau", "force", "force_raw", "gate", "gate_logit", "condition", "condition_logit")
+# With ``uncertainty``: the log-variance (N²) of each force axis (the gated force's).
+UNCERTAINTY_KEYS = ("force_log_var",)
+INITIAL_FORCE_SIGMA_N = 0.3  # the log-variance readout starts at this σ (bias), weights small
+
+
+class ForceLogVariance(nn.Module):
+    """``Linear(head_hidden, 3)`` -> clamped log σ² per force axis (β-NLL-trained; the
+    interval is :class:`~nactuator.models.NeuralActuator`'s, from its calibration scale)."""
+
+    def __init__(self, head_hidden: int) -> None:
+        super().__init__()
+        self.readout = nn.Linear(head_hidden, 3)
+        with torch.no_grad():
+            self.readout.weight.mul_(0.1)
+            self.readout.bias.fill_(2.0 * math.log(INITIAL_FORCE_SIGMA_N))
+
+    def forward(self, force_feature: torch.Tensor) -> torch.Tensor:
+        return self.readout(force_feature).clamp(LOG_VAR_MIN, LOG_VAR_MAX)
 
 
 class ActuatorHeads(nn.Module):
@@ -23,13 +45,16 @@ class ActuatorHeads(nn.Module):
     logit) likewise share one ``Linear(head_hidden, 4)``. This is the same function as
     separate layers with fewer kernel launches, which is what batch-1 latency is made of.
 
+    ``uncertainty`` adds a heteroscedastic force head (:class:`ForceLogVariance`, output
+    ``force_log_var``) on the force feature, trained with β-NLL (``nactuator.uncertainty``).
+
     ``tau_init_scale`` shrinks the torque readout at initialisation so that the first
     rollouts through the simulator see near-zero effort instead of random kicks of
     several N·m (which would send the arm into its limits and blow up BPTT gradients).
     """
 
     def __init__(self, width: int, n_motors: int, head_hidden: int = 160,
-                 tau_init_scale: float = 0.01) -> None:
+                 tau_init_scale: float = 0.01, uncertainty: bool = False) -> None:
         super().__init__()
         self.head_hidden = head_hidden
         self.hidden = nn.Linear(width, 3 * head_hidden)
@@ -38,6 +63,8 @@ class ActuatorHeads(nn.Module):
         # the gate and the force magnitude agree on what "contact" looks like.
         self.force_readout = nn.Linear(head_hidden, 4)
         self.condition_readout = nn.Linear(head_hidden, n_motors)
+        # Optional (off: the state dict and outputs of models before it, unchanged).
+        self.force_log_var = ForceLogVariance(head_hidden) if uncertainty else None
 
         with torch.no_grad():
             self.torque_readout.weight.mul_(tau_init_scale)
@@ -49,7 +76,7 @@ class ActuatorHeads(nn.Module):
         force_raw, gate_logit = self.force_readout(force_feature).split((3, 1), dim=-1)
         gate = torch.sigmoid(gate_logit)
         condition_logit = self.condition_readout(condition_feature)
-        return {
+        out = {
             "tau": self.torque_readout(torque_feature),
             "force": gate * force_raw,
             "force_raw": force_raw,
@@ -58,3 +85,6 @@ class ActuatorHeads(nn.Module):
             "condition": torch.sigmoid(condition_logit),
             "condition_logit": condition_logit,
         }
+        if self.force_log_var is not None:
+            out["force_log_var"] = self.force_log_var(force_feature)
+        return out

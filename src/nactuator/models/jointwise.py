@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nactuator.models.heads import ForceLogVariance
+
 MAX_LATENT_DIM = 8  # SPEC §7: "a low-dimensional variable"; issue 22 caps it at 8
 
 
@@ -90,7 +92,7 @@ class JointwiseHeads(nn.Module):
     """
 
     def __init__(self, width: int, n_motors: int, head_hidden: int = 160,
-                 tau_init_scale: float = 0.01) -> None:
+                 tau_init_scale: float = 0.01, uncertainty: bool = False) -> None:
         super().__init__()
         self.head_hidden = head_hidden
         self.n_motors = n_motors
@@ -98,6 +100,7 @@ class JointwiseHeads(nn.Module):
         self.torque_readout = nn.Linear(head_hidden, 1)
         self.force_readout = nn.Linear(head_hidden, 4)
         self.condition_readout = nn.Linear(head_hidden, 1)
+        self.force_log_var = ForceLogVariance(head_hidden) if uncertainty else None
         with torch.no_grad():
             self.torque_readout.weight.mul_(tau_init_scale)
             self.torque_readout.bias.zero_()
@@ -105,11 +108,11 @@ class JointwiseHeads(nn.Module):
     def forward(self, h: torch.Tensor) -> dict[str, torch.Tensor]:
         torque_feature, force_feature, condition_feature = F.silu(self.hidden(h)).split(
             self.head_hidden, dim=-1)
-        force_raw, gate_logit = self.force_readout(force_feature.mean(dim=1)).split(
-            (3, 1), dim=-1)
+        pooled = force_feature.mean(dim=1)
+        force_raw, gate_logit = self.force_readout(pooled).split((3, 1), dim=-1)
         gate = torch.sigmoid(gate_logit)
         condition_logit = self.condition_readout(condition_feature).squeeze(-1)
-        return {
+        out = {
             "tau": self.torque_readout(torque_feature).squeeze(-1),
             "force": gate * force_raw,
             "force_raw": force_raw,
@@ -118,3 +121,6 @@ class JointwiseHeads(nn.Module):
             "condition": torch.sigmoid(condition_logit),
             "condition_logit": condition_logit,
         }
+        if self.force_log_var is not None:
+            out["force_log_var"] = self.force_log_var(pooled)
+        return out

@@ -87,6 +87,8 @@ def build_model(arch: str, n_in: int, n_motors: int, window_length: int = 9,
     encoder = encoder_cls(n_in=n_in, window_length=window_length, **per_joint, **encoder_sizes)
     heads = heads_cls(encoder.width, n_motors, **head_sizes)
     config = {"arch": arch, "window_length": window_length, **encoder_sizes, **head_sizes}
+    if not config.get("uncertainty"):  # off: the config of models before the option
+        config.pop("uncertainty", None)
     return ActuatorNet(encoder, heads, n_in, window_length, config)
 
 

@@ -33,6 +33,10 @@ class LossWeights:
     w_focal: float = 5.0  # per-sample weight of frames with non-zero force (3 for F/T runs)
     # Unlabelled force frames count as 0 N (NAD's OMX convention) instead of being masked.
     unlabelled_force_as_zero: bool = True
+    # β-NLL of the heteroscedastic force head (only a model with ``uncertainty`` has one;
+    # nactuator.uncertainty.beta_nll): its weight and β (Seitzer et al. 2022: 0.5).
+    w_nll: float = 1.0
+    nll_beta: float = 0.5
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():

@@ -65,6 +65,7 @@ from nactuator.training.losses import (
     velocity_loss,
 )
 from nactuator.training.selection import ValidationScore
+from nactuator.uncertainty import beta_nll
 
 # Raised by the checkpoint checks; importable from here as before the split.
 __all__ = ["CheckpointMismatchError", "InitFromError", "NeuralActuatorModule",
@@ -125,6 +126,9 @@ class NeuralActuatorModule(L.LightningModule):
         physics_lr: learning rate of a physics actuator's parameters (``model_sizes.physics``,
             docs/counterfactual.md; no weight decay), default ``lr``: a handful of log-scale
             physical constants take larger steps than the network's weights.
+        uncertainty: add the heteroscedastic force head (log σ² per axis, trained with
+            β-NLL: ``loss.w_nll``, ``loss.nll_beta``); ``infer``, ``live``, ``export`` and
+            ``eval`` then give the force interval (docs/uncertainty.md). Off by default.
     """
 
     def __init__(
@@ -152,6 +156,7 @@ class NeuralActuatorModule(L.LightningModule):
         init_from: str | None = None,
         backbone_lr_scale: float = 1.0,
         physics_lr: float | None = None,
+        uncertainty: bool = False,
     ) -> None:
         super().__init__()
         self.platform: Platform = load_platform(platform)
@@ -161,6 +166,8 @@ class NeuralActuatorModule(L.LightningModule):
             raise ValueError(f"window_length must be >= 1, got {window_length}")
         self.window_length = window_length
         self.model_config = resolve_model_config(arch, window_length, width, depth, model_sizes)
+        if uncertainty:
+            self.model_config["uncertainty"] = True
         self.model_config.update(firmware_config(self.platform, self.features,
                                                  self.model_config))
         self.loss_weights = loss if loss is not None else LossWeights()
@@ -319,8 +326,11 @@ class NeuralActuatorModule(L.LightningModule):
         if w.w_vel > 0:
             dt = self.platform.control_dt
             parts["vel"] = velocity_loss(r.q[..., rev], q_path[..., rev], dt, mask)
+        if r.force_log_var is not None and w.w_nll > 0:
+            parts["nll"] = beta_nll(r.force, r.force_log_var, force, force_valid & mask,
+                                    w.nll_beta)
         weights = {"joint": w.w_pos, "grip": w.w_grip, "force": w.w_force, "gate": w.w_gate,
-                   "cond": w.w_cond, "vel": w.w_vel}
+                   "cond": w.w_cond, "vel": w.w_vel, "nll": w.w_nll}
         parts["loss"] = sum(weights[k] * v for k, v in parts.items())
         return parts
 

@@ -1,0 +1,259 @@
+"""nactuator.uncertainty and the force interval: β-NLL, conformal calibration by episode,
+coverage, and the interval in infer / export / eval; models without the head unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy.stats import norm
+from test_eval import SMALL, tiny  # noqa: F401  (the module fixture: data + stats)
+from test_models import make_stats, make_window
+
+from nactuator.eval import evaluate
+from nactuator.eval.infer import infer
+from nactuator.eval.intervals import SCORES_FILE, calibrate, load_scores
+from nactuator.experiments.cv import interval_rows
+from nactuator.export import export, load_torchscript
+from nactuator.models import NeuralActuator, bundle_to_dict, load_actuator, save_bundle
+from nactuator.models.bundle import set_calibration
+from nactuator.uncertainty import (
+    GAUSSIAN_Z90,
+    beta_nll,
+    calibration_record,
+    conformal_scale,
+    coverage_metrics,
+    cross_fold_coverage,
+    episode_coverage,
+)
+
+FULL = ["command", "state", "telemetry", "error"]
+TINY = {"arch": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32,
+        "head_hidden": 16}
+
+
+# ----------------------------------------------------------------------------- β-NLL
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_beta_nll_value_and_gradient_match_the_formula(beta):
+    g = torch.Generator().manual_seed(0)
+    mean = torch.randn(4, 6, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    log_var = (0.5 * torch.randn(4, 6, 3, generator=g, dtype=torch.float64)).requires_grad_()
+    target = torch.randn(4, 6, 3, generator=g, dtype=torch.float64)
+    mask = torch.rand(4, 6, generator=g) > 0.3
+    loss = beta_nll(mean, log_var, target, mask, beta)
+    loss.backward()
+
+    m, lv, y = mean.detach().numpy(), log_var.detach().numpy(), target.numpy()
+    keep = np.repeat(mask.numpy()[..., None], 3, axis=-1).astype(float)
+    var, count = np.exp(lv), keep.sum()
+    weight = var ** beta  # a constant of the gradient (stop-grad)
+    value = (weight * 0.5 * (lv + (y - m) ** 2 / var) * keep).sum() / count
+    d_mean = weight * (m - y) / var * keep / count
+    d_log_var = weight * 0.5 * (1.0 - (y - m) ** 2 / var) * keep / count
+    assert loss.item() == pytest.approx(value, rel=1e-12)
+    np.testing.assert_allclose(mean.grad.numpy(), d_mean, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(log_var.grad.numpy(), d_log_var, rtol=1e-10, atol=1e-14)
+
+
+def test_beta_zero_is_torch_gaussian_nll():
+    g = torch.Generator().manual_seed(1)
+    mean, target = torch.randn(50, 3, generator=g), torch.randn(50, 3, generator=g)
+    log_var = torch.randn(50, 3, generator=g)
+    expected = torch.nn.functional.gaussian_nll_loss(mean, target, log_var.exp(), eps=0.0)
+    assert beta_nll(mean, log_var, target, beta=0.0).item() == pytest.approx(expected.item(),
+                                                                              rel=1e-5)
+
+
+# ------------------------------------------------------------------- conformal by episode
+
+def toy_episode(rng, frames=400, overconfidence=2.0):
+    """A heteroscedastic episode: true σ varies over time (and per episode); the model's σ
+    is the true one divided by ``overconfidence``. Returns the normalised scores."""
+    t = np.linspace(0, 6, frames)[:, None]
+    sigma_true = (0.05 + 0.5 * np.abs(np.sin(t + rng.uniform(0, 3)))) * np.ones((1, 3))
+    error = rng.normal(size=sigma_true.shape) * sigma_true
+    return np.abs(error) / (sigma_true / overconfidence)
+
+
+def test_conformal_scale_covers_a_heteroscedastic_toy_with_known_sigma():
+    rng = np.random.default_rng(0)
+    calibration = [toy_episode(rng) for _ in range(30)]
+    fit = conformal_scale(calibration, 0.9)
+    # The exact answer: conformal risk control with n = 30 episodes asks for a mean
+    # miscoverage of ((n + 1) α − 1) / n = 0.07, and 2 |N(0, 1)| exceeds 2 Φ⁻¹(1 − 0.035)
+    # with probability 0.07.
+    miss = (31 * 0.1 - 1) / 30
+    assert fit["scale"] == pytest.approx(2.0 * norm.ppf(1 - miss / 2), rel=0.03)
+    assert fit["guarantee"] and fit["episodes"] == 30 and fit["target"] > 0.9
+    fresh = [toy_episode(rng) for _ in range(200)]
+    assert episode_coverage(fresh, fit["scale"]).mean() >= 0.9
+    # Uncalibrated, the Gaussian 1.645 σ of an overconfident model covers far less.
+    assert episode_coverage(fresh, GAUSSIAN_Z90).mean() < 0.65
+
+
+def test_few_calibration_episodes_have_no_finite_sample_guarantee():
+    rng = np.random.default_rng(1)
+    fit = conformal_scale([toy_episode(rng) for _ in range(3)], 0.9)
+    assert not fit["guarantee"] and fit["target"] == pytest.approx(0.9)
+    # 9 episodes at 90 % is exactly enough ((n + 1) alpha = 1): the bound allows no miss, so
+    # the scale covers every score of every episode.
+    nine = [toy_episode(rng) for _ in range(9)]
+    fit = conformal_scale(nine, 0.9)
+    assert fit["guarantee"] and fit["target"] == pytest.approx(1.0)
+    assert fit["scale"] == max(float(np.max(s)) for s in nine)
+    with pytest.raises(ValueError, match="at least one"):
+        conformal_scale([np.array([np.nan])])
+
+
+def test_cross_fold_calibration_never_uses_the_fold_it_judges():
+    rng = np.random.default_rng(2)
+    folds = [[toy_episode(rng, overconfidence=1.0) for _ in range(3)] for _ in range(3)]
+    folds[0] = [10.0 * s for s in folds[0]]  # fold 0's model is 10x overconfident
+    rows = cross_fold_coverage(folds, 0.9)
+    assert rows[0]["episodes"] == 6 and rows[0]["coverage"] < 0.5  # others' scale: too small
+    assert rows[1]["scale"] > 2 * rows[0]["scale"]  # fold 0's episodes widen the others'
+    assert all(r["test_episodes"] == 3 for r in rows)
+
+
+def test_coverage_metrics_by_hand():
+    f = np.zeros((4, 3))
+    truth = np.array([[0.5, 0, 0], [2.0, 0, 0], [0, 0, 0], [0, 0, -3.0]])
+    lo, hi = f - 1.0, f + 1.0
+    out = coverage_metrics(f, lo, hi, truth, {"contact": np.array([1, 1, 0, 1], bool),
+                                              "none": np.zeros(4, bool)})
+    assert out["all"]["coverage"] == pytest.approx(10 / 12)
+    assert out["all"]["coverage_per_axis"] == pytest.approx([0.75, 1.0, 0.75])
+    assert out["contact"]["coverage"] == pytest.approx(7 / 9)
+    assert out["all"]["width"] == pytest.approx(2.0) and out["none"] is None
+
+
+# ------------------------------------------------------------ the head in the model
+
+
+def test_head_off_keeps_old_config_weights_and_outputs():
+    window = make_window(batch=3, seed=4)
+    torch.manual_seed(0)
+    plain = NeuralActuator(FULL, 5, make_stats(), dict(TINY)).eval()
+    torch.manual_seed(0)
+    off = NeuralActuator(FULL, 5, make_stats(), {**TINY, "uncertainty": False}).eval()
+    assert plain.model_config == off.model_config and "uncertainty" not in off.model_config
+    assert plain.state_dict().keys() == off.state_dict().keys()
+    a, b = plain(window), off(window)
+    assert sorted(a) == sorted(b) and "force_lo" not in a
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_shipped_pretrained_bundle_without_the_head_loads_unchanged():
+    actuator, meta = load_actuator("pretrained/omx")
+    raw = torch.load(meta["source"], map_location="cpu", weights_only=True)
+    assert not actuator.has_uncertainty and meta["uncertainty"] is None
+    assert bundle_to_dict(actuator, "omx")["model_config"] == raw["model_config"]
+    with torch.no_grad():
+        out = actuator(make_window(batch=2, n=5, seed=0))
+    assert "force_lo" not in out and "force_log_var" not in out
+
+
+def head_bundle(path, scale=None):
+    torch.manual_seed(0)
+    act = NeuralActuator(FULL, 5, make_stats(), {**TINY, "uncertainty": True})
+    if scale is not None:
+        act.interval_calibration = calibration_record({"scale": scale}, "test")
+    return save_bundle(bundle_to_dict(act, "omx"), path)
+
+
+def test_interval_is_force_plus_minus_scale_sigma_and_round_trips(tmp_path):
+    path = head_bundle(tmp_path / "b.pt", scale=2.5)
+    act, meta = load_actuator(path)
+    assert meta["uncertainty"]["scale"] == 2.5 and act.interval_scale == 2.5
+    with torch.no_grad():
+        out = act(make_window(batch=4, seed=1))
+        log_var = act.net(act.feature_builder(make_window(batch=4, seed=1)))["force_log_var"]
+    sigma = torch.exp(0.5 * log_var)
+    torch.testing.assert_close(out["force_hi"] - out["force"], 2.5 * sigma)
+    torch.testing.assert_close(out["force"] - out["force_lo"], 2.5 * sigma)
+    set_calibration(path, calibration_record({"scale": 5.0}, "again"))
+    act2, _ = load_actuator(path)
+    with torch.no_grad():
+        out2 = act2(make_window(batch=4, seed=1))
+    torch.testing.assert_close(out2["force_hi"] - out2["force"], 5.0 * sigma)
+
+
+def test_torchscript_export_gives_the_interval(tmp_path):
+    path = head_bundle(tmp_path / "b.pt", scale=3.0)
+    file = export(path, tmp_path / "a.ts")
+    module, meta = load_torchscript(file)
+    assert meta["outputs"][4:] == ["force_lo", "force_hi", "force_sigma"]
+    assert meta["uncertainty"]["scale"] == 3.0
+    act, _ = load_actuator(path)
+    window = make_window(batch=3, seed=2)
+    args = [window[k] for k in meta["inputs"]] + [torch.zeros(3, 9, dtype=torch.bool)]
+    with torch.no_grad():
+        got = dict(zip(meta["outputs"], module(*args), strict=True))
+        want = act(window)
+    for key in meta["outputs"]:
+        torch.testing.assert_close(got[key], want[key], atol=1e-5, rtol=1e-5)
+    assert (got["force_lo"] <= got["force"]).all() and (got["force"] <= got["force_hi"]).all()
+
+
+# --------------------------------------------------------------- infer, calibrate, eval
+
+
+@pytest.fixture(scope="module")
+def head_ckpt(tiny):  # noqa: F811
+    torch.manual_seed(0)
+    act = NeuralActuator(n_motors=tiny["platform"].n, norm_stats=tiny["actuator"].feature_builder
+                         .norm_stats(), model_config={**SMALL, "uncertainty": True})
+    return save_bundle(bundle_to_dict(act, "so101"), tiny["root"] / "head.pt")
+
+
+def test_infer_csv_brackets_the_force_and_calibrate_sets_the_scale(tiny, head_ckpt, tmp_path):  # noqa: F811
+    csv = tmp_path / "pred.csv"
+    infer(head_ckpt, tiny["data"], split=None, out=csv, force_only=True)
+    df = pd.read_csv(csv)
+    bounds = [f"force_{b}_{a}" for b in ("lo", "hi") for a in "xyz"]
+    assert list(df.columns) == ["episode", "frame", "timestamp", "fx", "fy", "fz", "gate",
+                                *bounds]
+    for a, f in zip("xyz", ("fx", "fy", "fz"), strict=True):
+        assert (df[f"force_lo_{a}"] <= df[f]).all() and (df[f] <= df[f"force_hi_{a}"]).all()
+    width = (df["force_hi_z"] - df["force_lo_z"]).to_numpy()
+
+    cal = tmp_path / "cal.pt"
+    text = calibrate(head_ckpt, tiny["data"], split="test", out=cal)
+    assert "no finite-sample guarantee" in text  # 2 test episodes
+    scale = load_actuator(cal)[1]["uncertainty"]["scale"]
+    infer(cal, tiny["data"], split=None, out=csv, force_only=True)
+    calibrated = pd.read_csv(csv)
+    ratio = (calibrated["force_hi_z"] - calibrated["force_lo_z"]).to_numpy() / width
+    np.testing.assert_allclose(ratio, scale / GAUSSIAN_Z90, rtol=1e-4)  # CSV: 6 digits
+
+    # the command sets a given scale (the pooled one `cv` prints) into a new file
+    from nactuator.cli import main
+
+    given = tmp_path / "given.pt"
+    assert main(["calibrate-intervals", "--ckpt", str(head_ckpt), "--scale", "2.5",
+                 "--out", str(given)]) == 0
+    assert load_actuator(given)[1]["uncertainty"]["scale"] == 2.5
+
+
+def test_eval_reports_coverage_and_writes_scores(tiny, head_ckpt, tmp_path):  # noqa: F811
+    out = tmp_path / "eval"
+    text = evaluate(head_ckpt, tiny["data"], split="test", out=out)
+    report = json.loads((out / "metrics.json").read_text())["uncertainty"]
+    assert "Force interval" in text and report["scale"] == pytest.approx(GAUSSIAN_Z90)
+    assert 0 <= report["all"]["coverage"] <= 1 and report["all"]["width"] > 0
+    assert report["contact"]["elements"] + report["no_contact"]["elements"] == \
+        report["all"]["elements"] == 3 * (120 + 60)
+    assert report["seen_task"]["elements"] == 3 * 120  # "carry" has train episodes
+    assert report["unseen_task"]["elements"] == 3 * 60  # "idle" has none
+    rows = load_scores(out / SCORES_FILE)
+    scores = np.concatenate([r["scores"] for r in rows])
+    assert np.mean(scores <= report["scale"]) == pytest.approx(report["all"]["coverage"],
+                                                               abs=1e-9)
+    # cv's out-of-fold calibration over two "folds" made of this one evaluation
+    fold_rows, pooled = interval_rows([out / SCORES_FILE, out / SCORES_FILE])
+    assert pooled["episodes"] == 4 and len(fold_rows) == 2
+    assert 0 <= fold_rows[0]["interval coverage (%), out-of-fold"] <= 100
