@@ -164,20 +164,12 @@ def test_sweep_and_adapt_run_their_trainings_as_ray_tasks(tmp_path, ray_head, ca
     a task, and their results are gathered into results.json / adapt.json as locally."""
     import lightning as L
     from test_adapt import PRETRAINED_SIZES
-    from test_sweep import write_yaml
+    from test_sweep import arch_sweep
     from test_training import make_dm, make_module, make_trainer, write_sim_dataset
-
-    from nactuator.paths import conf_dir
 
     data = write_sim_dataset(tmp_path / "ds", "so101", frames=32, seed=5,
                              splits={"train": 3, "validation": 1, "test": 1})
-    sweep = write_yaml(tmp_path / "arch.yaml", {
-        "program": "nactuator", "method": "grid",
-        "metric": {"name": "val/joint_mae_deg", "goal": "minimize"},
-        "parameters": {"model.arch": {"values": ["mlp", "gru"]}},
-        "command": ["${env}", "${interpreter}", "-m", "nactuator.cli", "fit",
-                    "--config", str(conf_dir() / "base.yaml"), "--platform", "so101",
-                    f"--data.paths=[{data}]", "--logger", "csv", "${args}"]})
+    sweep = arch_sweep(tmp_path / "arch.yaml", data, "csv")
     tiny = ["--trainer.max_epochs=1", "--data.samples_per_epoch=4", "--data.batch_size=4",
             "--data.horizon={0: 2}"]
     assert main(["sweep", str(sweep), "--backend", "ray", "--address", ray_head,

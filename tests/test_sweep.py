@@ -30,6 +30,18 @@ def write_yaml(path: Path, spec: dict) -> Path:
     return path
 
 
+def arch_sweep(path: Path, data: Path, logger: str) -> Path:
+    """A two-run grid (mlp, gru) of real trainings on ``data``, logging to ``logger``."""
+    return write_yaml(path, {
+        "program": "nactuator", "method": "grid",
+        "metric": {"name": "val/joint_mae_deg", "goal": "minimize"},
+        "parameters": {"model.arch": {"values": ["mlp", "gru"]}},
+        "command": ["${env}", "${interpreter}", "-m", "nactuator.cli", "fit",
+                    "--config", str(conf_dir() / "base.yaml"), "--platform", "so101",
+                    f"--data.paths=[{data}]", "--logger", logger, "${args}"],
+    })
+
+
 def test_architecture_sweep_is_a_runnable_wandb_grid():
     spec = load_sweep(ARCH_SWEEP)
     assert spec["method"] == "grid"
@@ -145,14 +157,7 @@ def test_local_sweep_runs_offline_and_ranks(tmp_path, max_runs):
     """Real (tiny) runs of a grid, each the sweep's own command in a subprocess with wandb
     offline; the table is ranked by the metric and results.json / results.md written."""
     data = write_sim_dataset(tmp_path / "so101", "so101")
-    sweep = write_yaml(tmp_path / "arch.yaml", {
-        "program": "nactuator", "method": "grid",
-        "metric": {"name": "val/joint_mae_deg", "goal": "minimize"},
-        "parameters": {"model.arch": {"values": ["mlp", "gru"]}},
-        "command": ["${env}", "${interpreter}", "-m", "nactuator.cli", "fit",
-                    "--config", str(conf_dir() / "base.yaml"), "--platform", "so101",
-                    f"--data.paths=[{data}]", "--logger", "wandb", "${args}"],
-    })
+    sweep = arch_sweep(tmp_path / "arch.yaml", data, "wandb")
     out = tmp_path / "sweep"
     table = run_sweep(str(sweep), max_runs=max_runs, out=str(out), extra_args=[
         "--trainer.max_epochs=1", "--data.samples_per_epoch=4", "--data.batch_size=4",
