@@ -18,6 +18,7 @@ from nactuator.training.losses import (
     joint_loss,
     velocity_loss,
 )
+from nactuator.training.schedule import warmup_cosine
 
 # ----------------------------------------------------------------------------- losses
 
@@ -147,3 +148,15 @@ def test_curriculum_stages():
 def test_curriculum_rejects_bad_schedules(schedule, message):
     with pytest.raises(ValueError, match=message):
         HorizonCurriculum(schedule)
+
+
+# ------------------------------------------------------------------- learning rate
+
+
+def test_warmup_cosine_ramps_then_falls_to_the_floor():
+    f = warmup_cosine(warmup_steps=4, total_steps=14, min_lr_ratio=0.1)
+    assert [f(s) for s in range(4)] == pytest.approx([0.2, 0.4, 0.6, 0.8])
+    assert f(4) == pytest.approx(1.0)  # the peak, where the cosine starts
+    assert f(9) == pytest.approx(0.1 + 0.9 * 0.5)  # half way down the 10 cosine steps
+    assert f(14) == pytest.approx(0.1) and f(1000) == pytest.approx(0.1)
+    assert warmup_cosine(0, 1)(0) == pytest.approx(1.0)

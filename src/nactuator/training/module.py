@@ -20,8 +20,10 @@ normalisation statistics and its EMA weights -- and the optimiser can move its e
 backbone) more slowly than its heads (``backbone_lr_scale``): fine-tuning, and what
 ``nactuator adapt`` runs (:mod:`nactuator.training.finetune`). What a run refuses about its
 data is :mod:`~nactuator.training.dataset_checks`'s, what it refuses about a checkpoint
-:mod:`~nactuator.training.checkpoints`'s; this module holds the rollout, the losses'
-weighting, the optimiser and the Lightning hooks.
+:mod:`~nactuator.training.checkpoints`'s, what a rollout is scored on
+:mod:`~nactuator.training.objective`'s, the learning-rate schedule
+:mod:`~nactuator.training.schedule`'s; this module holds the rollout, the optimiser and the
+Lightning hooks.
 """
 
 from __future__ import annotations
@@ -55,17 +57,10 @@ from nactuator.training.checkpoints import (
 from nactuator.training.dataset_checks import check_datamodule_matches, check_dataset_channels
 from nactuator.training.ema import EMA
 from nactuator.training.finetune import load_pretrained, log_normalisation_shift, parameter_groups
-from nactuator.training.losses import (
-    LossWeights,
-    condition_loss,
-    force_loss,
-    gate_loss,
-    gripper_loss,
-    joint_loss,
-    velocity_loss,
-)
+from nactuator.training.losses import LossWeights
+from nactuator.training.objective import rollout_errors, rollout_losses, step_mask
+from nactuator.training.schedule import warmup_cosine
 from nactuator.training.selection import ValidationScore
-from nactuator.uncertainty import beta_nll
 
 # Raised by the checkpoint checks; importable from here as before the split.
 __all__ = ["CheckpointMismatchError", "InitFromError", "NeuralActuatorModule",
@@ -294,67 +289,16 @@ class NeuralActuatorModule(L.LightningModule):
         return closed_loop_rollout(self.actuator, step, batch, self.window_length,
                                    q0=q0, qd0=qd0)
 
-    def _step_mask(self, r: Rollout, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(B, H) true on the steps that are scored: all of a segment; of a whole-episode
-        batch, the steps before each episode's last frame."""
-        steps = r.tau.shape[1]
-        if "length" not in batch:
-            return torch.ones(r.tau.shape[:2], dtype=torch.bool, device=r.tau.device)
-        step = torch.arange(steps, device=r.tau.device)
-        return step.unsqueeze(0) < (batch["length"].to(r.tau.device) - 1).unsqueeze(1)
-
     def compute_losses(self, r: Rollout, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The weighted SPEC §5 loss and its parts (see :mod:`nactuator.training.losses`)."""
-        w = self.loss_weights
-        start, steps = self.window_length - 1, r.tau.shape[1]
-        q_next = batch["q"][:, start + 1 : start + 1 + steps]  # frames s+1 .. s+H
-        q_path = batch["q"][:, start : start + 1 + steps]  # frames s .. s+H
-        now = slice(start, start + steps)  # frames whose force/condition the windows describe
-        mask = self._step_mask(r, batch)
-        rev, pri = self.revolute, self.prismatic
-        force, force_valid = batch["force"][:, now], batch["force_valid"][:, now]
-        if w.unlabelled_force_as_zero:  # the DataModule already serves unlabelled axes as 0 N
-            force_valid = torch.ones_like(force_valid)
-        parts = {
-            "joint": joint_loss(r.q[:, 1:, rev], q_next[..., rev], mask),
-            "grip": gripper_loss(r.q[:, 1:, pri], q_next[..., pri], mask),
-            "force": force_loss(r.force, force, force_valid & mask, w.force_beta, w.w_focal),
-            "gate": gate_loss(r.gate_logit, force, force_valid & mask),
-            "cond": condition_loss(r.condition_logit, batch["condition"][:, now],
-                                   batch["condition_valid"][:, now] & mask.unsqueeze(-1)),
-        }
-        if w.w_vel > 0:
-            dt = self.platform.control_dt
-            parts["vel"] = velocity_loss(r.q[..., rev], q_path[..., rev], dt, mask)
-        if r.force_log_var is not None and w.w_nll > 0:
-            parts["nll"] = beta_nll(r.force, r.force_log_var, force, force_valid & mask,
-                                    w.nll_beta)
-        weights = {"joint": w.w_pos, "grip": w.w_grip, "force": w.w_force, "gate": w.w_gate,
-                   "cond": w.w_cond, "vel": w.w_vel, "nll": w.w_nll}
-        parts["loss"] = sum(weights[k] * v for k, v in parts.items())
-        return parts
+        """The weighted SPEC §5 loss and its parts (:mod:`nactuator.training.objective`)."""
+        return rollout_losses(r, batch, self.loss_weights, self.window_length, self.revolute,
+                              self.prismatic, self.platform.control_dt)
 
-    @torch.no_grad()
-    def rollout_metrics(
-        self, r: Rollout, batch: dict[str, torch.Tensor]
-    ) -> dict[str, torch.Tensor]:
-        """Human-unit errors of a rollout, as ``nactuator eval`` reports them: the arm
-        joints' mean error in degrees, the gripper's in mm (prismatic), force in N."""
-        start, steps = self.window_length - 1, r.tau.shape[1]
-        mask = self._step_mask(r, batch)
-        error = (r.q[:, 1:] - batch["q"][:, start + 1 : start + 1 + steps]).abs()
-        metrics = {}
-        arm = self.platform.arm_indices
-        if arm:
-            per_step = error[..., arm].mean(-1)
-            metrics["joint_mae_deg"] = torch.rad2deg(per_step[mask].mean())
-        if self.prismatic:
-            metrics["grip_mae_mm"] = 1000.0 * error[..., self.prismatic].mean(-1)[mask].mean()
-        valid = batch["force_valid"][:, start : start + steps] & mask
-        if valid.any():
-            f_err = (r.force - batch["force"][:, start : start + steps]).abs().mean(-1)
-            metrics["force_mae_n"] = f_err[valid].mean()
-        return metrics
+    def rollout_metrics(self, r: Rollout, batch: dict[str, torch.Tensor]
+                        ) -> dict[str, torch.Tensor]:
+        """The rollout's errors in degrees, mm and N, as ``nactuator eval`` reports them."""
+        return rollout_errors(r, batch, self.window_length, self.platform.arm_indices,
+                              self.prismatic)
 
     # ---------------------------------------------------------------------- training
 
@@ -416,15 +360,8 @@ class NeuralActuatorModule(L.LightningModule):
             betas=tuple(hp.betas),
         )
         total = hp.lr_total_steps or self.trainer.estimated_stepping_batches
-        total = max(int(total) if math.isfinite(total) else 10**9, 1)
-        warmup, floor = hp.warmup_steps, hp.min_lr_ratio
-
-        def lr_factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / (warmup + 1)
-            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-            return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
+        total = int(total) if math.isfinite(total) else 10**9
+        lr_factor = warmup_cosine(hp.warmup_steps, total, hp.min_lr_ratio)
         # One factor for every group: each keeps its own peak (lr, lr * backbone_lr_scale).
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
         return {"optimizer": optimizer,
@@ -474,7 +411,7 @@ class NeuralActuatorModule(L.LightningModule):
     def _evaluate(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         r = self(batch)
         if stage == "val":
-            self.val_score.update(r.q, r.force, r.condition, batch, self._step_mask(r, batch))
+            self.val_score.update(r.q, r.force, r.condition, batch, step_mask(r, batch))
         parts = self.compute_losses(r, batch)
         parts.update(self.rollout_metrics(r, batch))
         batch_size = batch["q"].shape[0]

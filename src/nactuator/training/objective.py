@@ -1,0 +1,96 @@
+"""What a training rollout is scored on: the SPEC §5 loss of one rollout, and its errors in
+human units.
+
+:func:`rollout_losses` puts the plain loss functions of :mod:`nactuator.training.losses` on
+the right frames of a batch (Contract 2's time alignment) and weights them;
+:func:`rollout_errors` gives the arm's mean joint error in degrees, the gripper's in mm and
+the force's in N, as ``nactuator eval`` reports them. Both take a segment batch (every step
+scored) or a whole-episode batch (a ``length`` per row: the steps before each episode's last
+frame are scored).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from nactuator.rollout import Rollout
+from nactuator.training.losses import (
+    LossWeights,
+    condition_loss,
+    force_loss,
+    gate_loss,
+    gripper_loss,
+    joint_loss,
+    velocity_loss,
+)
+from nactuator.uncertainty import beta_nll
+
+__all__ = ["rollout_errors", "rollout_losses", "step_mask"]
+
+
+def step_mask(r: Rollout, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B, H) true on the steps that are scored: all of a segment; of a whole-episode
+    batch, the steps before each episode's last frame."""
+    steps = r.tau.shape[1]
+    if "length" not in batch:
+        return torch.ones(r.tau.shape[:2], dtype=torch.bool, device=r.tau.device)
+    step = torch.arange(steps, device=r.tau.device)
+    return step.unsqueeze(0) < (batch["length"].to(r.tau.device) - 1).unsqueeze(1)
+
+
+def rollout_losses(r: Rollout, batch: dict[str, torch.Tensor], weights: LossWeights,
+                   window_length: int, revolute: Sequence[int], prismatic: Sequence[int],
+                   control_dt: float) -> dict[str, torch.Tensor]:
+    """The weighted loss (``"loss"``) and its parts. Rollout step ``i`` starts from frame
+    ``s + i`` (``s = window_length − 1``): its simulated state is compared with frame
+    ``s + i + 1``, its force, gate and condition with frame ``s + i``."""
+    w = weights
+    start, steps = window_length - 1, r.tau.shape[1]
+    q_next = batch["q"][:, start + 1 : start + 1 + steps]  # frames s+1 .. s+H
+    q_path = batch["q"][:, start : start + 1 + steps]  # frames s .. s+H
+    now = slice(start, start + steps)  # frames whose force/condition the windows describe
+    mask = step_mask(r, batch)
+    rev, pri = list(revolute), list(prismatic)
+    force, force_valid = batch["force"][:, now], batch["force_valid"][:, now]
+    if w.unlabelled_force_as_zero:  # the DataModule already serves unlabelled axes as 0 N
+        force_valid = torch.ones_like(force_valid)
+    parts = {
+        "joint": joint_loss(r.q[:, 1:, rev], q_next[..., rev], mask),
+        "grip": gripper_loss(r.q[:, 1:, pri], q_next[..., pri], mask),
+        "force": force_loss(r.force, force, force_valid & mask, w.force_beta, w.w_focal),
+        "gate": gate_loss(r.gate_logit, force, force_valid & mask),
+        "cond": condition_loss(r.condition_logit, batch["condition"][:, now],
+                               batch["condition_valid"][:, now] & mask.unsqueeze(-1)),
+    }
+    if w.w_vel > 0:
+        parts["vel"] = velocity_loss(r.q[..., rev], q_path[..., rev], control_dt, mask)
+    if r.force_log_var is not None and w.w_nll > 0:
+        parts["nll"] = beta_nll(r.force, r.force_log_var, force, force_valid & mask,
+                                w.nll_beta)
+    weight = {"joint": w.w_pos, "grip": w.w_grip, "force": w.w_force, "gate": w.w_gate,
+              "cond": w.w_cond, "vel": w.w_vel, "nll": w.w_nll}
+    parts["loss"] = sum(weight[k] * v for k, v in parts.items())
+    return parts
+
+
+@torch.no_grad()
+def rollout_errors(r: Rollout, batch: dict[str, torch.Tensor], window_length: int,
+                   arm: Sequence[int], prismatic: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Human-unit errors of a rollout, as ``nactuator eval`` reports them: the arm joints'
+    mean error in degrees, the gripper's in mm (prismatic), force in N."""
+    start, steps = window_length - 1, r.tau.shape[1]
+    mask = step_mask(r, batch)
+    error = (r.q[:, 1:] - batch["q"][:, start + 1 : start + 1 + steps]).abs()
+    metrics = {}
+    if arm:
+        per_step = error[..., list(arm)].mean(-1)
+        metrics["joint_mae_deg"] = torch.rad2deg(per_step[mask].mean())
+    if prismatic:
+        metrics["grip_mae_mm"] = 1000.0 * error[..., list(prismatic)].mean(-1)[mask].mean()
+    valid = batch["force_valid"][:, start : start + steps] & mask
+    if valid.any():
+        f_err = (r.force - batch["force"][:, start : start + steps]).abs().mean(-1)
+        metrics["force_mae_n"] = f_err[valid].mean()
+    return metrics
