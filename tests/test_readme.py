@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -57,9 +58,39 @@ def shortened(line: str) -> str:
     return line
 
 
+def left_running(session: int) -> list[str]:
+    """The command lines of the processes still alive in ``session`` (its leader's pid)."""
+    ps = subprocess.run(["ps", "-eo", "sid=,pid=,args="], capture_output=True, text=True,
+                        check=True).stdout
+    rows = [line.split(None, 2) for line in ps.splitlines()]
+    return [f"{r[1]} {r[2]}" for r in rows if len(r) == 3 and r[0] == str(session)]
+
+
+def kill_session(session: int) -> None:
+    try:
+        os.killpg(session, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_every_background_command_is_stopped_by_its_pid():
+    """A ``cmd &`` is followed by ``name=$!`` and later ``kill $name``: job numbers (``%1``)
+    shift as blocks are added, and an emulator left running hangs whoever waits for its
+    output (it did: CI waited 30 minutes)."""
+    commands = readme_commands((ROOT / "README.md").read_text())
+    started = [i for i, c in enumerate(commands) if c.endswith("&")]
+    assert started
+    for i in started:
+        name = commands[i + 1].partition("=$!")[0]
+        assert commands[i + 1] == f"{name}=$!", commands[i:i + 2]
+        assert any(re.match(rf"kill [^;]*\${name}\b", c) for c in commands[i + 2:]), \
+            f"${name} is never killed"
+    assert not any("%" in c for c in commands if c.startswith("kill"))
+
+
 def test_commands_are_found_and_only_shortened():
     commands = readme_commands((ROOT / "README.md").read_text())
-    assert "make train PLATFORM=so101" in commands and "kill %1 %2" in commands
+    assert "make train PLATFORM=so101" in commands
     assert shortened("make train PLATFORM=so101") == \
         f'make train PLATFORM=so101 ARGS="{TINY_TRAIN}"'
     assert shortened('make train PLATFORM=x DATA=d ARGS="--a=1"') == \
@@ -95,10 +126,21 @@ def test_readme_runs_in_order_and_leaves_the_checkout_clean(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTEST"))}
     env["PATH"] = os.environ["PATH"]
     env.pop("WARP_CACHE_PATH", None)  # the commands must find the cache themselves
-    proc = subprocess.run(["bash", str(tmp_path / "readme.sh")], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, (f"README command failed\n--- script\n{script}\n--- output\n"
-                                  f"{proc.stdout[-6000:]}\n--- errors\n{proc.stderr[-6000:]}")
+    # Output goes to files, not pipes: a background process the page forgot to stop would
+    # hold a pipe open and hang the run; instead it is found in the script's session below.
+    out, err = tmp_path / "readme.out", tmp_path / "readme.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen(["bash", str(tmp_path / "readme.sh")], cwd=repo, env=env,
+                                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                                start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=1800)
+        finally:
+            left = left_running(proc.pid)
+            kill_session(proc.pid)
+    assert returncode == 0, (f"README command failed\n--- script\n{script}\n--- output\n"
+                             f"{out.read_text()[-6000:]}\n--- errors\n{err.read_text()[-6000:]}")
+    assert not left, "the README's commands left processes running:\n" + "\n".join(left)
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
                             cwd=repo, capture_output=True, text=True, check=True).stdout
     assert status == "", f"the README's commands left files outside runs/:\n{status}"

@@ -36,6 +36,16 @@ class ForceLogVariance(nn.Module):
         return self.readout(force_feature).clamp(LOG_VAR_MIN, LOG_VAR_MAX)
 
 
+def head_outputs(tau: torch.Tensor, force_raw: torch.Tensor, gate_logit: torch.Tensor,
+                 condition_logit: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The heads' outputs (``OUTPUT_KEYS``) from their readouts: the force is the raw force
+    times the contact gate, gate and condition are the sigmoids of their logits."""
+    gate = torch.sigmoid(gate_logit)
+    return {"tau": tau, "force": gate * force_raw, "force_raw": force_raw, "gate": gate,
+            "gate_logit": gate_logit, "condition": torch.sigmoid(condition_logit),
+            "condition_logit": condition_logit}
+
+
 class ActuatorHeads(nn.Module):
     """Torque, force/gate and condition heads (MLPs with SiLU) on a pooled feature ``h``.
 
@@ -74,17 +84,8 @@ class ActuatorHeads(nn.Module):
         torque_feature, force_feature, condition_feature = F.silu(self.hidden(h)).split(
             self.head_hidden, dim=-1)
         force_raw, gate_logit = self.force_readout(force_feature).split((3, 1), dim=-1)
-        gate = torch.sigmoid(gate_logit)
-        condition_logit = self.condition_readout(condition_feature)
-        out = {
-            "tau": self.torque_readout(torque_feature),
-            "force": gate * force_raw,
-            "force_raw": force_raw,
-            "gate": gate,
-            "gate_logit": gate_logit,
-            "condition": torch.sigmoid(condition_logit),
-            "condition_logit": condition_logit,
-        }
+        out = head_outputs(self.torque_readout(torque_feature), force_raw, gate_logit,
+                           self.condition_readout(condition_feature))
         if self.force_log_var is not None:
             out["force_log_var"] = self.force_log_var(force_feature)
         return out

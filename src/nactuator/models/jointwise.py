@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nactuator.models.heads import ForceLogVariance
+from nactuator.models.heads import ForceLogVariance, head_outputs
 
 MAX_LATENT_DIM = 8  # SPEC §7: "a low-dimensional variable"; issue 22 caps it at 8
 
@@ -110,17 +110,8 @@ class JointwiseHeads(nn.Module):
             self.head_hidden, dim=-1)
         pooled = force_feature.mean(dim=1)
         force_raw, gate_logit = self.force_readout(pooled).split((3, 1), dim=-1)
-        gate = torch.sigmoid(gate_logit)
-        condition_logit = self.condition_readout(condition_feature).squeeze(-1)
-        out = {
-            "tau": self.torque_readout(torque_feature).squeeze(-1),
-            "force": gate * force_raw,
-            "force_raw": force_raw,
-            "gate": gate,
-            "gate_logit": gate_logit,
-            "condition": torch.sigmoid(condition_logit),
-            "condition_logit": condition_logit,
-        }
+        out = head_outputs(self.torque_readout(torque_feature).squeeze(-1), force_raw,
+                           gate_logit, self.condition_readout(condition_feature).squeeze(-1))
         if self.force_log_var is not None:
             out["force_log_var"] = self.force_log_var(pooled)
         return out
