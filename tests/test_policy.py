@@ -137,6 +137,13 @@ def test_config_errors_are_one_line(tmp_path) -> None:
         load_config(actuator=str(tmp_path / "none.ckpt"))
 
 
+def test_the_actuator_may_be_a_shipped_bundle_by_name() -> None:
+    # --actuator pretrained/so101, as --ckpt takes it everywhere else
+    assert load_config(actuator="pretrained/so101")["actuator"] == "pretrained/so101"
+    with pytest.raises(UserError, match="no pretrained actuator 'nope'"):
+        load_config(actuator="pretrained/nope")
+
+
 def test_demo_episodes_are_written_as_a_nactuator_dataset(tmp_path) -> None:
     """`action` = the commanded joints, the payload mass only while the object is held."""
     from nactuator.data import read_dataset

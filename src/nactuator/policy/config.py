@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from nactuator.errors import UserError
+from nactuator.model_files import resolve_model_path
 from nactuator.paths import conf_dir
 
 from .sensing import CONDITIONS
@@ -48,7 +49,8 @@ def load_config(path: str | Path | None = None, actuator: str | None = None) -> 
         raise UserError(f"{path}: eval.conditions {bad} not among {list(CONDITIONS)}")
     if actuator is not None:
         cfg["actuator"] = actuator
-    if not Path(cfg["actuator"]).exists():
+    # a shipped bundle by name (pretrained/so101) is read like a file
+    if not resolve_model_path(cfg["actuator"]).exists():
         raise UserError(f"{path}: actuator {cfg['actuator']!r} does not exist (train one: "
                         f"`make train PLATFORM={cfg['platform']}`, or pass --actuator)")
     return cfg
