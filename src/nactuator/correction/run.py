@@ -180,7 +180,7 @@ def _row(judge: str, payload: float | None, naive: np.ndarray, corr: np.ndarray)
 
 
 def _plot(platform: Platform, target: np.ndarray, naive: np.ndarray, corrected: np.ndarray,
-          commands: np.ndarray, title: str, path: Path) -> Path:
+          commands: np.ndarray, title: str, path: Path, judge: str = "world") -> Path:
     from matplotlib.figure import Figure
 
     n = target.shape[1]
@@ -192,9 +192,9 @@ def _plot(platform: Platform, target: np.ndarray, naive: np.ndarray, corrected: 
         ax.plot(t, np.degrees(commands[:, j]), color="tab:green", lw=0.8, ls="--",
                 label="corrected command")
         ax.plot(t, np.degrees(naive[:, j]), color="tab:orange", lw=1.0,
-                label="world: target sent")
+                label=f"{judge}: target sent")
         ax.plot(t, np.degrees(corrected[:, j]), color="tab:blue", lw=1.0,
-                label="world: corrected")
+                label=f"{judge}: corrected")
         ax.set_ylabel(f"{platform.channel_names[j]} [deg]", fontsize=7)
         ax.tick_params(labelsize=7)
     axes[0].set_title(title, fontsize=8)
@@ -343,7 +343,7 @@ def evaluate_bus(config: str | os.PathLike | None, residual: str | os.PathLike, 
         out = Path(out)
         report["plot"] = _plot(platform, targets[0], naive_runs[0]["q"], corr_runs[0]["q"],
                                commands[0], f"{labels[0]} on the bus {port}",
-                               out / "correction.png").name
+                               out / "correction.png", judge="bus").name
         report["q_bus"] = {"uncorrected": [r["q"].tolist() for r in naive_runs],
                            "corrected": [r["q"].tolist() for r in corr_runs]}
         write_json(out / "eval.json", json_safe(report))

@@ -44,6 +44,7 @@ from nactuator.rollout import (
     Rollout,
     closed_loop_rollout,
     rollout_episodes,
+    teacher_forced_rollout,
 )
 from nactuator.training.checkpoints import (
     CheckpointMismatchError,
@@ -62,6 +63,7 @@ from nactuator.training.losses import (
     gate_loss,
     gripper_loss,
     joint_loss,
+    next_state_loss,
     velocity_loss,
 )
 from nactuator.training.selection import ValidationScore
@@ -129,6 +131,12 @@ class NeuralActuatorModule(L.LightningModule):
         uncertainty: add the heteroscedastic force head (log σ² per axis, trained with
             β-NLL: ``loss.w_nll``, ``loss.nll_beta``); ``infer``, ``live``, ``export`` and
             ``eval`` then give the force interval (docs/uncertainty.md). Off by default.
+        dynamics: ``torque`` (default: the model's torque drives the simulator, trained by
+            rollouts through it) or ``next_state`` (``arch: jointwise`` only; DexNDM): each
+            joint predicts its own next position and velocity, trained by a supervised
+            one-step loss on the recorded windows (``loss.w_next``; no simulator), and in
+            validation / ``eval`` the model replaces the simulator step of the open-loop
+            rollout from frame 0.
     """
 
     def __init__(
@@ -157,6 +165,7 @@ class NeuralActuatorModule(L.LightningModule):
         backbone_lr_scale: float = 1.0,
         physics_lr: float | None = None,
         uncertainty: bool = False,
+        dynamics: str = "torque",
     ) -> None:
         super().__init__()
         self.platform: Platform = load_platform(platform)
@@ -168,6 +177,17 @@ class NeuralActuatorModule(L.LightningModule):
         self.model_config = resolve_model_config(arch, window_length, width, depth, model_sizes)
         if uncertainty:
             self.model_config["uncertainty"] = True
+        if dynamics not in ("torque", "next_state"):
+            raise ValueError(f"dynamics must be 'torque' or 'next_state', got {dynamics!r}")
+        if dynamics == "next_state":
+            if arch != "jointwise":
+                raise ValueError("dynamics: next_state is the joint-wise model's second mode "
+                                 f"(each joint predicts its own next state); set arch: "
+                                 f"jointwise, not {arch!r}")
+            if "physics" in self.model_config:
+                raise ValueError("dynamics: next_state predicts the state, not a torque: "
+                                 "drop model_sizes.physics")
+            self.model_config["dynamics"] = "next_state"
         self.model_config.update(firmware_config(self.platform, self.features,
                                                  self.model_config))
         self.loss_weights = loss if loss is not None else LossWeights()
@@ -224,6 +244,8 @@ class NeuralActuatorModule(L.LightningModule):
                     "(Contract 2) to build its model, or a checkpoint (ckpt_path) to load"
                 )
             self.check_dataset(datamodule)
+            if self.model_config.get("dynamics") == "next_state":
+                self.model_config["state_step"] = datamodule.state_step
             self.build_actuator(datamodule.norm_stats)
         if datamodule is not None:
             self._check_platform_of(datamodule)
@@ -278,6 +300,8 @@ class NeuralActuatorModule(L.LightningModule):
         if "length" in batch:  # whole episodes from rest: the evaluation protocol's rollout
             return rollout_episodes(self.actuator, self.simulator.step, batch,
                                     grad=torch.is_grad_enabled())
+        if self.actuator.dynamics == "next_state":  # supervised one-step, no simulator
+            return teacher_forced_rollout(self.actuator, batch, self.window_length)
         start = self.window_length - 1
         q0, qd0 = batch["q"][:, start], batch["qd"][:, start]
         if noise and self.hparams.init_noise_q > 0:
@@ -315,22 +339,29 @@ class NeuralActuatorModule(L.LightningModule):
         force, force_valid = batch["force"][:, now], batch["force_valid"][:, now]
         if w.unlabelled_force_as_zero:  # the DataModule already serves unlabelled axes as 0 N
             force_valid = torch.ones_like(force_valid)
-        parts = {
-            "joint": joint_loss(r.q[:, 1:, rev], q_next[..., rev], mask),
-            "grip": gripper_loss(r.q[:, 1:, pri], q_next[..., pri], mask),
+        if self.actuator.dynamics == "next_state":  # one-step (train), open loop (val)
+            parts = {"next": next_state_loss(
+                r.q[:, 1:], q_next, r.qd[:, 1:], batch["qd"][:, start + 1 : start + 1 + steps],
+                self.actuator.state_scale, mask)}
+        else:
+            parts = {
+                "joint": joint_loss(r.q[:, 1:, rev], q_next[..., rev], mask),
+                "grip": gripper_loss(r.q[:, 1:, pri], q_next[..., pri], mask),
+            }
+            if w.w_vel > 0:
+                dt = self.platform.control_dt
+                parts["vel"] = velocity_loss(r.q[..., rev], q_path[..., rev], dt, mask)
+        parts.update({
             "force": force_loss(r.force, force, force_valid & mask, w.force_beta, w.w_focal),
             "gate": gate_loss(r.gate_logit, force, force_valid & mask),
             "cond": condition_loss(r.condition_logit, batch["condition"][:, now],
                                    batch["condition_valid"][:, now] & mask.unsqueeze(-1)),
-        }
-        if w.w_vel > 0:
-            dt = self.platform.control_dt
-            parts["vel"] = velocity_loss(r.q[..., rev], q_path[..., rev], dt, mask)
+        })
         if r.force_log_var is not None and w.w_nll > 0:
             parts["nll"] = beta_nll(r.force, r.force_log_var, force, force_valid & mask,
                                     w.nll_beta)
         weights = {"joint": w.w_pos, "grip": w.w_grip, "force": w.w_force, "gate": w.w_gate,
-                   "cond": w.w_cond, "vel": w.w_vel, "nll": w.w_nll}
+                   "cond": w.w_cond, "vel": w.w_vel, "nll": w.w_nll, "next": w.w_next}
         parts["loss"] = sum(weights[k] * v for k, v in parts.items())
         return parts
 
@@ -529,6 +560,8 @@ class NeuralActuatorModule(L.LightningModule):
         if self.actuator is None:
             if self.hparams.init_from:  # the architecture came from the init checkpoint
                 self.model_config = upgrade_model_config(bundle.get("model_config") or {})
+            if "state_step" in saved:  # a next-state model's scale: data, kept in the bundle
+                self.model_config["state_step"] = saved["state_step"]
             self.build_actuator(bundle["norm_stats"])
             self.check_checkpoint("checkpoint", bundle.get("platform"), bundle.get("features"),
                                   saved, CheckpointMismatchError,
