@@ -262,9 +262,12 @@ def test_next_state_trains_supervised_and_evaluates_open_loop(tmp_path):
             return module.compute_losses(module(fixed), fixed)["next"].item()
 
     before = one_step_loss()
-    make_trainer(tmp_path, max_steps=40).fit(module, datamodule=dm)
+    # one epoch of 40 steps, then a validation (whole episodes, open loop from frame 0)
+    make_trainer(tmp_path, max_steps=40, limit_val_batches=1).fit(module, datamodule=dm)
     after = one_step_loss()
     assert math.isfinite(after) and after < before / 3, f"{before:.4g} -> {after:.4g}"
+    [val] = module.val_history
+    assert math.isfinite(val["score"]) and val["score"] > 0
     bundle = bundle_to_dict(module.actuator, "so101",
                             extra={"ema_state_dict": module.ema.averaged_state_dict(
                                 module.actuator)})

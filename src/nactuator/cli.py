@@ -203,6 +203,15 @@ def _correct(a: argparse.Namespace) -> int:
     return 0
 
 
+def _transfer(a: argparse.Namespace) -> int:
+    _check_model_paths(a.ckpt)
+    from nactuator.experiments.transfer import transfer
+
+    print(transfer(a.ckpt, a.platform, a.out, data=a.data, joint_map=a.joint_map,
+                   stats=a.stats, scratch=a.scratch, seed=a.seed))
+    return 0
+
+
 def _vision(a: argparse.Namespace) -> int:
     import json
 
@@ -703,6 +712,29 @@ def build_parser() -> argparse.ArgumentParser:
                         "the replay before it is written")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.set_defaults(func=_correct)
+
+    s = sub.add_parser("transfer", help="a joint-wise checkpoint as a model of another arm "
+                       "(another joint count): eval it zero-shot, adapt it (docs/training.md)")
+    s.add_argument("--ckpt", required=True, help="the joint-wise source checkpoint (" + CKPT_HELP
+                   + ")")
+    s.add_argument("--platform", required=True, help="the target arm: " + PLATFORM_HELP)
+    s.add_argument("--data", default=None,
+                   help="the target arm's recordings: their train split's input statistics "
+                        "normalise the model's inputs (no label is read)")
+    s.add_argument("--stats", default="data", choices=["data", "source"],
+                   help="normalise with the target data's statistics (default) or the "
+                        "source's of the mapped joints (no target data at all)")
+    s.add_argument("--joint-map", default=None,
+                   help="per target joint, the source joint it takes its joint-id embedding "
+                        "(and with --stats source its statistics) from, comma-separated names, "
+                        "'-' for none (the mean); default: arm joints in order, gripper to "
+                        "gripper")
+    s.add_argument("--scratch", action="store_true",
+                   help="write the same architecture untrained instead (adapt's from-scratch "
+                        "reference)")
+    s.add_argument("--seed", type=int, default=0, help="--scratch: the weights' seed")
+    s.add_argument("--out", required=True, help="the bundle file to write (.pt)")
+    s.set_defaults(func=_transfer)
 
     vis = sub.add_parser("vision", help="image-space supervision: hand-eye calibration from "
                          "silhouettes (docs/vision.md)")

@@ -513,7 +513,9 @@ class NeuralActuatorModule(L.LightningModule):
                  sync_dist=True)
         self.log_dict({f"{stage}/{k}": v for k, v in parts.items()}, batch_size=batch_size,
                       sync_dist=True)
-        return parts.get("joint_mae_deg", parts["joint"])
+        if "joint_mae_deg" in parts:
+            return parts["joint_mae_deg"]
+        return parts["next"] if "next" in parts else parts["joint"]
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return self._evaluate(batch, "val")
