@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data", required=True, help="synthetic dataset (nactuator data synth)")
     ap.add_argument("--out", default="runs/de")
     ap.add_argument("--counts", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--archs", nargs="+", default=list(ARCHS))
+    ap.add_argument("--archs", nargs="+", default=["transformer", "jointwise"],
+                    choices=list(ARCHS))
     ap.add_argument("--max-folds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
