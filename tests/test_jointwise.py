@@ -278,5 +278,10 @@ def test_next_state_trains_supervised_and_evaluates_open_loop(tmp_path):
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert "Verdict" in text and metrics["steps"] == 47  # whole 48-frame episodes
     assert math.isfinite(metrics["verdict"]["joints_deg"])
+    from nactuator.eval.infer import infer
+
+    # the causal force / gate / condition estimates need no simulator either way
+    assert "frames" in infer(ckpt, data, split="test", out=tmp_path / "ns.csv")
+    assert (tmp_path / "ns.csv").read_text().count("\n") == 48 + 1  # one test episode
     with pytest.raises(Exception, match="next-state model"):
         export(ckpt, tmp_path / "ns.onnx")

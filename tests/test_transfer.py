@@ -103,3 +103,18 @@ def test_cli_writes_an_omx_bundle_that_eval_scores(tmp_path, capsys):
     assert main(["transfer", "--ckpt", str(src), "--platform", "omx", "--out",
                  str(tmp_path / "x.pt")]) == 2
     assert "--data" in capsys.readouterr().err
+
+
+def test_a_next_state_model_moves_with_the_target_step_scale():
+    step6 = {"dq": [0.01] * 6, "dqd": [0.2] * 6}
+    torch.manual_seed(0)
+    src = NeuralActuator(FULL, 6, make_stats(6), {**JW, "latent_dim": 2,
+                                                  "dynamics": "next_state",
+                                                  "state_step": step6}).eval()
+    with pytest.raises(TransferError, match="state_step"):
+        transfer_jointwise(src, 5, make_stats(5), MAP)
+    step5 = {"dq": [0.02] * 5, "dqd": [0.3] * 5}
+    dst = transfer_jointwise(src, 5, make_stats(5), MAP, step5)
+    out = dst(make_window(batch=2, n=5))
+    assert dst.dynamics == "next_state" and out["dq"].shape == (2, 5)
+    torch.testing.assert_close(out["dq"], out["state_delta"][..., 0] * 0.02)
