@@ -6,7 +6,9 @@ synthetic dataset; ``nactuator cv --folds N + 2`` then trains every fold on N ep
 selects its checkpoint on one more, and scores the last one (never seen) with
 ``nactuator eval`` (full-trajectory rollout, replaying the recorded telemetry). Both
 architectures see the same folds, the same recipe and the same number of gradient steps;
-only ``model.arch`` (and its sizes) differ. Writes ``data_efficiency.{json,md,png}``.
+only ``model.arch`` (and its sizes) differ. ``--archs jointwise jointwise_next_state``
+compares the joint-wise model's two dynamics (simulator torque vs DexNDM's direct next-state
+predictor) the same way. Writes ``data_efficiency.{json,md,png}``.
 
 Run (docs/results.md, "Joint-wise neural dynamics", has the exact commands):
   .venv/bin/python bench/data_efficiency.py --data runs/de/full --out runs/de \
@@ -41,6 +43,13 @@ ARCHS = {
     "transformer": ["--model.arch=transformer", "--model.width=64", "--model.depth=2"],
     "jointwise": ["--model.arch=jointwise", "--model.width=64", "--model.depth=2",
                   "--model.model_sizes={head_hidden: 32, latent_dim: 8, dropout: 0.0}"],
+    # The joint-wise model's second mode (DexNDM's own training): each joint predicts its
+    # next position and velocity, supervised one step ahead on the recorded windows, no
+    # simulator; eval rolls it out open loop from frame 0 with the model as the step.
+    "jointwise_next_state": ["--model.arch=jointwise", "--model.dynamics=next_state",
+                             "--model.width=64", "--model.depth=2",
+                             "--model.model_sizes={head_hidden: 32, latent_dim: 8, "
+                             "dropout: 0.0}"],
 }
 
 
@@ -64,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data", required=True, help="synthetic dataset (nactuator data synth)")
     ap.add_argument("--out", default="runs/de")
     ap.add_argument("--counts", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--archs", nargs="+", default=list(ARCHS))
+    ap.add_argument("--archs", nargs="+", default=["transformer", "jointwise"],
+                    choices=list(ARCHS))
     ap.add_argument("--max-folds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)

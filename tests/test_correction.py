@@ -126,3 +126,138 @@ def test_bad_config_is_one_line(tmp_path):
         run.load_config(conf)
     with pytest.raises(CorrectionError, match="does not exist"):
         run.load_config(tmp_path / "missing.yaml")
+
+
+def _offset_residual(path, platform, joint: int, offset: float, joints=None):
+    """A residual whose Δu is a constant ``offset`` rad on ``joint``: what the bus must be
+    seen to execute (the last layer's bias; its weights stay zero)."""
+    policy = ResidualPolicy(platform.n, hidden=8, max_delta=0.3, joints=joints)
+    with torch.no_grad():
+        policy.net[-1].bias[joint] = float(np.arctanh(offset / 0.3))
+    torch.save({"state_dict": policy.state_dict(), "n": policy.n,
+                "offsets": list(policy.offsets), "hidden": 8, "max_delta": 0.3,
+                "joints": policy.joints, "platform": platform.name, "checkpoint": "none"},
+               path)
+    return policy
+
+
+def _bus_config(tmp_path, seconds=0.8, reps=(100, 102)):
+    cfg = {"platform": "so101", "seconds": seconds,
+           "joints": ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex",
+                      "wrist_roll"],
+           "train": {"tasks": ["circular_cw"], "reps": [0, 1], "seed": 0},
+           "eval": {"tasks": ["circular_cw"], "reps": list(reps), "seed": 1, "world_seed": 7,
+                    "payloads_kg": [0.0]}}
+    conf = tmp_path / "bus.yaml"
+    conf.write_text(yaml.safe_dump(cfg))
+    return conf
+
+
+@pytest.fixture(scope="module")
+def so101_bus():
+    from nactuator.hardware.recorder import with_hardware
+
+    return with_hardware(load_platform("so101"), record_ramp_s=0.3, rx_timeout_ms=5000.0,
+                         reply_timeout_ms=5000.0, read_retries=1)
+
+
+def _emulator(platform, **kw):
+    from nactuator.hardware.emulator import Emulator
+
+    # One period per telemetry read: the arm moves the same way on a loaded machine.
+    return Emulator("feetech", platform, seed=7, step_per_read=1.0 / platform.fps, **kw)
+
+
+def test_eval_on_the_emulated_bus_plays_both_command_sets_and_ends_torque_off(so101_bus,
+                                                                              tmp_path):
+    """``correct eval --port``: the corrected commands (here a +0.08 rad shoulder_pan offset)
+    are what the servos executed (the pan settles 0.08 rad off the uncorrected run), the
+    errors are the bus telemetry's against the targets, and torque is off at the end."""
+    from nactuator.correction import run
+    from nactuator.data.synth import task_targets
+
+    conf = _bus_config(tmp_path)
+    _offset_residual(tmp_path / "residual.pt", so101_bus, 0, 0.08, joints=range(5))
+    with _emulator(so101_bus) as emu:
+        # the circles come within 3 % of wrist_flex's range of its limit (collect's default
+        # margin is 5 %)
+        text = run.evaluate_bus(conf, tmp_path / "residual.pt", emu.port, out=tmp_path / "o",
+                                settle_s=0.3, progress=False, platform=so101_bus,
+                                limit_margin=0.02)
+        assert [emu.tables[sid].get("Torque_Enable") for sid in emu.ids] == [0] * 6
+    assert "servo bus" in text and "not told" in text
+    report = json.loads((tmp_path / "o" / "eval.json").read_text())
+    assert (tmp_path / "o" / "correction.png").stat().st_size > 1000
+    plans = task_targets(so101_bus, ["circular_cw"], range(100, 102), 1, 0.8)
+    length = min(q.shape[0] for _, _, q in plans)
+    targets = np.stack([q[:length] for _, _, q in plans])
+    assert report["frames"] == length and len(report["targets"]) == 2
+    [row] = report["rows"]
+    for key in ("uncorrected", "corrected"):
+        q = np.array([[[np.nan if v is None else v for v in f] for f in ep]
+                      for ep in report["q_bus"][key]])
+        # a loaded machine loses slots to overruns; most frames are played
+        assert q.shape == targets.shape and np.isfinite(q[:, 1:]).mean() > 0.5
+        err = np.degrees(np.nanmean(np.abs(q[:, 1:] - targets[:, 1:])[..., :5], axis=(1, 2)))
+        np.testing.assert_allclose(row["per_target_deg"][key], err, rtol=1e-9)
+        if key == "uncorrected":
+            pan_naive = q[:, :, 0]
+        else:
+            pan_corr = q[:, :, 0]
+    # the servo executed the offset: pan's mean difference is the residual's 0.08 rad
+    # (within the STS3215's deadband and P-only sag; the pan carries no gravity)
+    shift = np.nanmean(pan_corr[:, 10:] - pan_naive[:, 10:])
+    assert 0.06 < shift < 0.10, shift
+
+
+def test_eval_on_the_bus_stops_before_a_command_past_the_limit(so101_bus, tmp_path):
+    """A residual that would drive wrist_flex past its joint-limit margin (the circles start
+    0.07 rad inside it): the uncorrected run plays, the corrected one is stopped before its
+    first command is written, says why, and torque is left off."""
+    from nactuator import servo_units
+    from nactuator.correction import run
+    from nactuator.hardware.collector import SafetyStop
+
+    conf = _bus_config(tmp_path, seconds=0.5, reps=(100, 101))
+    _offset_residual(tmp_path / "bad.pt", so101_bus, 3, 0.1)
+    wrist = so101_bus.channels[3]
+    edge = wrist.limit_upper - 0.02 * (wrist.limit_upper - wrist.limit_lower)
+    with _emulator(so101_bus) as emu:
+        with pytest.raises(SafetyStop, match=r"circular_cw#100 corrected: servo 4 "
+                                             r"\(wrist_flex\) command .* outside its "
+                                             "joint-limit margin"):
+            run.evaluate_bus(conf, tmp_path / "bad.pt", emu.port, settle_s=0.2,
+                             progress=False, platform=so101_bus, limit_margin=0.02)
+        assert [emu.tables[sid].get("Torque_Enable") for sid in emu.ids] == [0] * 6
+        goal = servo_units.sts3215_units().position(emu.tables[4].get("Goal_Position"))
+    assert goal <= edge + 0.002  # what the servo holds: the uncorrected run's, inside
+
+
+def test_the_emulator_payload_sags_the_arm():
+    """``emulate --payload-kg``: the world arm under a hidden payload sags further."""
+    from nactuator.hardware.emulator.world_arm import WorldArm
+
+    so101 = load_platform("so101")
+    ends = []
+    for payload in (0.0, 0.3):
+        arm = WorldArm(so101, seed=7, payload_kg=payload)
+        goal = np.array([0.0, -0.8, 0.8, 0.3, 0.0, 0.0])
+        arm.set_goal(goal)
+        arm.set_torque_enabled(np.ones(so101.n))
+        for _ in range(120):
+            arm.step(so101.control_dt)
+        ends.append(arm.state().q)
+    assert np.abs(ends[1][1:4] - ends[0][1:4]).max() > 0.01, ends
+
+
+def test_cli_needs_a_checkpoint_except_on_the_bus(tmp_path, capsys):
+    from nactuator.cli import main
+
+    assert main(["correct", "fit", "--out", str(tmp_path)]) == 2
+    assert "--ckpt is required" in capsys.readouterr().err
+    assert main(["correct", "fit", "--out", str(tmp_path), "--ckpt", "x.ckpt",
+                 "--port", "/dev/null"]) == 2
+    assert "--port is for `correct eval`" in capsys.readouterr().err
+    # eval --port needs no checkpoint: it fails on the missing residual, not on --ckpt
+    assert main(["correct", "eval", "--out", str(tmp_path), "--port", "/dev/null"]) == 2
+    assert "residual file" in capsys.readouterr().err

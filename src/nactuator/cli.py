@@ -180,14 +180,35 @@ def _plan(a: argparse.Namespace) -> int:
 
 
 def _correct(a: argparse.Namespace) -> int:
-    _check_model_paths(a.ckpt)
+    from nactuator.errors import UserError
+
+    if a.port is not None and a.action != "eval":
+        raise UserError("--port is for `correct eval` (replay on a servo bus)")
+    if a.ckpt is None and not (a.action == "eval" and a.port is not None):
+        raise UserError("--ckpt is required (a counterfactual checkpoint), except for "
+                        "`correct eval --port`, which replays the residual's commands only")
+    if a.ckpt is not None:
+        _check_model_paths(a.ckpt)
     from nactuator.correction import run
 
-    if a.action == "fit":
+    if a.port is not None:
+        print(run.evaluate_bus(a.config, a.residual or os.path.join(a.out, "residual.pt"),
+                               a.port, out=a.out, calibration=a.calibration,
+                               settle_s=a.settle_s, limit_margin=a.limit_margin))
+    elif a.action == "fit":
         print(run.fit(a.config, a.ckpt, a.out, device=a.device))
     else:
         print(run.evaluate(a.config, a.ckpt, a.residual or os.path.join(a.out, "residual.pt"),
                            out=a.out, world_seed=a.world_seed, device=a.device))
+    return 0
+
+
+def _transfer(a: argparse.Namespace) -> int:
+    _check_model_paths(a.ckpt)
+    from nactuator.experiments.transfer import transfer
+
+    print(transfer(a.ckpt, a.platform, a.out, data=a.data, joint_map=a.joint_map,
+                   stats=a.stats, scratch=a.scratch, seed=a.seed))
     return 0
 
 
@@ -253,7 +274,7 @@ def _emulate(a: argparse.Namespace) -> int:
     run_emulator(bus=a.bus, platform=a.platform, seed=a.seed, bus_timing=a.bus_timing,
                  corrupt_rate=a.corrupt_rate, drop_rate=a.drop_rate, latency_ms=a.latency_ms,
                  dead_ids=a.dead_id, alert_ids=a.alert_id, voltage_sag=a.voltage_sag,
-                 leader=a.leader, link=a.link, duration=a.duration)
+                 leader=a.leader, link=a.link, duration=a.duration, payload_kg=a.payload_kg)
     return 0
 
 
@@ -662,9 +683,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "hidden world (eval)")
     s.add_argument("action", choices=["fit", "eval"],
                    help="fit: train the residual on the config's training targets; eval: "
-                        "replay target vs corrected commands in the hidden world")
-    s.add_argument("--ckpt", required=True, help="a counterfactual checkpoint (" + CKPT_HELP
-                   + ")")
+                        "replay target vs corrected commands in the hidden world, or with "
+                        "--port on a servo bus")
+    s.add_argument("--ckpt", default=None, help="a counterfactual checkpoint (" + CKPT_HELP
+                   + "); required except for eval --port")
     s.add_argument("--config", default=None,
                    help="correction YAML (default: conf/correction/so101.yaml)")
     s.add_argument("--out", required=True,
@@ -675,8 +697,44 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--world-seed", type=int, default=None,
                    help="eval: the hidden arm the commands run on (default: the config's "
                         "eval.world_seed)")
+    s.add_argument("--port", default=None,
+                   help="eval: play the held-out targets as sent and corrected on the servo "
+                        "bus at this port (e.g. an `nactuator emulate` pty) and score the "
+                        "bus's telemetry instead of the hidden world; torque off at the end")
+    s.add_argument("--calibration", default=None,
+                   help="eval --port: the arm's LeRobot calibration JSON (Feetech)")
+    s.add_argument("--settle-s", type=float, default=None,
+                   help="eval --port: hold each sequence's first command this long before "
+                        "playing it (default: the platform's record_settle_s)")
+    s.add_argument("--limit-margin", type=float, default=None,
+                   help="eval --port: fraction of each joint's range kept clear (default: the "
+                        "platform's hardware.collect limit_margin); a command past it stops "
+                        "the replay before it is written")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.set_defaults(func=_correct)
+
+    s = sub.add_parser("transfer", help="a joint-wise checkpoint as a model of another arm "
+                       "(another joint count): eval it zero-shot, adapt it (docs/training.md)")
+    s.add_argument("--ckpt", required=True, help="the joint-wise source checkpoint (" + CKPT_HELP
+                   + ")")
+    s.add_argument("--platform", required=True, help="the target arm: " + PLATFORM_HELP)
+    s.add_argument("--data", default=None,
+                   help="the target arm's recordings: their train split's input statistics "
+                        "normalise the model's inputs (no label is read)")
+    s.add_argument("--stats", default="data", choices=["data", "source"],
+                   help="normalise with the target data's statistics (default) or the "
+                        "source's of the mapped joints (no target data at all)")
+    s.add_argument("--joint-map", default=None,
+                   help="per target joint, the source joint it takes its joint-id embedding "
+                        "(and with --stats source its statistics) from, comma-separated names, "
+                        "'-' for none (the mean); default: arm joints in order, gripper to "
+                        "gripper")
+    s.add_argument("--scratch", action="store_true",
+                   help="write the same architecture untrained instead (adapt's from-scratch "
+                        "reference)")
+    s.add_argument("--seed", type=int, default=0, help="--scratch: the weights' seed")
+    s.add_argument("--out", required=True, help="the bundle file to write (.pt)")
+    s.set_defaults(func=_transfer)
 
     vis = sub.add_parser("vision", help="image-space supervision: hand-eye calibration from "
                          "silhouettes (docs/vision.md)")
@@ -769,6 +827,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--alert-id", type=int, action="append", default=[],
                    help="servo ID that reports a hardware-error alert (repeatable)")
     s.add_argument("--voltage-sag", type=float, default=0.0, help="supply sag in volts under load")
+    s.add_argument("--payload-kg", type=float, default=0.0,
+                   help="a mass hung at the end effector for the whole run [kg] (the world "
+                        "arm; the client is not told)")
     s.add_argument("--leader", action="store_true",
                    help="emulate a leader arm (torque off, moved by a scripted human)")
     s.add_argument("--link", default=None, help="also create a symlink to the pty at this path")

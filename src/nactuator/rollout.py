@@ -16,6 +16,12 @@ step (BPTT) when the caller lets them. :func:`rollout_episodes` is the whole-epi
 every caller shares (validation, ``eval``, ``bench-bam``, ``plan``): from each episode's
 frame 0, in eval mode, without autograd unless asked.
 
+**Next-state models.** An actuator whose outputs hold ``dq`` and ``dqd`` (the joint-wise
+model with ``dynamics: next_state``, DexNDM) predicts the state change itself: every rollout
+here then advances ``q + dq, qd + dqd`` instead of stepping the simulator (the model *is*
+the step; ``tau`` is NaN). It is trained one step ahead on the recorded windows
+(:func:`teacher_forced_rollout`) and evaluated by the same open-loop rollout from frame 0.
+
 **Inputs.** Windows hold telemetry as the input filters (:mod:`nactuator.input_filters`,
 the spec in the actuator bundle) left it: offline callers filter whole episodes first,
 :class:`StreamingWindow` filters each pushed frame with the same function.
@@ -49,6 +55,7 @@ __all__ = [
     "eval_mode",
     "model_inputs",
     "rollout_episodes",
+    "teacher_forced_rollout",
 ]
 
 WINDOW_LENGTH = 9  # SPEC §4: 8 history frames + the current frame
@@ -234,9 +241,14 @@ _OPTIONAL_KEYS = ("force_log_var",)  # kept when the actuator gives them
 
 def _finish(actuator_out: Mapping[str, torch.Tensor], outs: dict[str, list[torch.Tensor]],
             step: int) -> torch.Tensor:
-    """Check one step's torque and keep its outputs; returns the torque."""
+    """Check one step's torque (a next-state model's state change) and keep its outputs;
+    returns the torque."""
     tau = actuator_out["tau"]
-    if not torch.isfinite(tau).all():
+    if "dq" in actuator_out:
+        if not (torch.isfinite(actuator_out["dq"]).all()
+                and torch.isfinite(actuator_out["dqd"]).all()):
+            raise NonFiniteRollout(f"non-finite next state predicted at rollout step {step}")
+    elif not torch.isfinite(tau).all():
         raise NonFiniteRollout(f"non-finite torque predicted at rollout step {step}")
     batch = tau.shape[0]
     for key in _OUTPUT_KEYS:
@@ -246,6 +258,53 @@ def _finish(actuator_out: Mapping[str, torch.Tensor], outs: dict[str, list[torch
         if key in actuator_out:
             outs.setdefault(key, []).append(actuator_out[key])
     return tau
+
+
+def _advance(step: StepFn, q: torch.Tensor, qd: torch.Tensor, tau: torch.Tensor,
+             out: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next state: the simulator's step under the torque, or a next-state model's own
+    prediction (``dq``, ``dqd`` in its outputs: the model replaces the simulator)."""
+    if "dq" in out:
+        return q + out["dq"], qd + out["dqd"]
+    return step(q, qd, tau)
+
+
+def teacher_forced_rollout(actuator, block: Mapping[str, torch.Tensor], window_length: int,
+                           steps: int | None = None) -> Rollout:
+    """One-step predictions of a next-state model on the *recorded* path (DexNDM's
+    supervised training): step i's window is the recorded frames ending at ``s + i`` and its
+    state is ``q[s + i] + dq_i`` (likewise qd), scored against the recorded frame
+    ``s + i + 1``; no simulator, no prediction fed back. All windows go through the network
+    in one batch. Returns a :class:`Rollout` (q, qd (B, steps + 1, n): the recorded start
+    state, then the one-step predictions) that the training losses read as any other."""
+    before, steps = _check_steps(block, window_length, steps)
+    recorded = [k for k in (*RECORDED_KEYS, *STATE_KEYS) if k in block]
+    frames = {k: block[k][:, : before + steps] for k in recorded}
+    if "pad" in block:
+        frames["pad"] = block["pad"][:, : before + steps]
+    tokens = actuator.frame_tokens(frames)  # (B, L - 1 + steps, d)
+    batch = tokens.shape[0]
+    windows = tokens.unfold(1, window_length, 1).permute(0, 1, 3, 2)  # (B, steps, L, d)
+    out = actuator.forward_tokens(windows.reshape(batch * steps, window_length, -1))
+    if "dq" not in out:
+        raise ValueError("teacher_forced_rollout needs a next-state model (dq, dqd outputs)")
+
+    def per_step(key: str) -> torch.Tensor:
+        value = out[key]
+        return value.reshape(batch, steps, *value.shape[1:])
+
+    if not (torch.isfinite(out["dq"]).all() and torch.isfinite(out["dqd"]).all()):
+        raise NonFiniteRollout("non-finite next state predicted in a teacher-forced step")
+    now = slice(before, before + steps)
+    q = block["q"][:, now] + per_step("dq")
+    qd = block["qd"][:, now] + per_step("dqd")
+    stacked = {k: per_step(k) for k in _OUTPUT_KEYS}
+    stacked["gate"] = stacked["gate"].reshape(batch, steps)
+    stacked["gate_logit"] = stacked["gate_logit"].reshape(batch, steps)
+    optional = {k: per_step(k) for k in _OPTIONAL_KEYS if k in out}
+    return Rollout(q=torch.cat([block["q"][:, before : before + 1], q], dim=1),
+                   qd=torch.cat([block["qd"][:, before : before + 1], qd], dim=1),
+                   **stacked, **optional)
 
 
 def closed_loop_rollout(actuator: ActuatorFn, step: StepFn, block: Mapping[str, torch.Tensor],
@@ -288,7 +347,7 @@ def closed_loop_rollout(actuator: ActuatorFn, step: StepFn, block: Mapping[str, 
     for i in range(steps):
         out = actuator.forward_tokens(torch.stack(tokens[i : i + window_length], dim=1))
         tau = _finish(out, outs, i)
-        q, qd = step(q, qd, tau)
+        q, qd = _advance(step, q, qd, tau, out)
         qs.append(q)
         qds.append(qd)
         if i + 1 < steps:  # the token of the frame the next window ends on
@@ -321,8 +380,9 @@ def closed_loop_rollout_stepwise(actuator: ActuatorFn, step: StepFn,
         window["qd"] = torch.stack(qds[i : i + window_length], dim=1)
         if "pad" in block:
             window["pad"] = block["pad"][:, i : i + window_length]
-        tau = _finish(actuator(window), outs, i)
-        q_next, qd_next = step(qs[-1], qds[-1], tau)
+        out = actuator(window)
+        tau = _finish(out, outs, i)
+        q_next, qd_next = _advance(step, qs[-1], qds[-1], tau, out)
         qs.append(q_next)
         qds.append(qd_next)
     stacked = {k: torch.stack(v, dim=1) for k, v in outs.items()}

@@ -7,6 +7,11 @@ targets (other repetitions, another task seed), replays each target as sent and 
 corrected commands in the hidden world (:func:`nactuator.data.synth.replay_commands`, on an
 arm seed of its own, with each payload of the config: the model never saw one) and reports
 the joint tracking error in degrees per trajectory, mean and spread, and the reduction.
+``eval --port`` (:func:`evaluate_bus`) plays the same held-out commands, uncorrected and
+corrected, on a servo bus (the emulated SO-101 behind the real wire protocol, or a real arm)
+through the guarded replay of ``collect`` (:func:`nactuator.hardware.collector.
+replay_sequences`) and scores them on the bus's own position telemetry; torque is off at the
+end however it ends.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from nactuator.models import load_actuator
 from nactuator.platforms import Platform, conf_dir, load_platform
 from nactuator.progress import progress_bar
 
-__all__ = ["evaluate", "fit", "load_config"]
+__all__ = ["evaluate", "evaluate_bus", "fit", "load_config"]
 
 
 def load_config(path: str | os.PathLike | None) -> dict:
@@ -163,8 +168,19 @@ def _stats(x: np.ndarray) -> dict:
             "min": float(x.min()), "max": float(x.max())}
 
 
+def _row(judge: str, payload: float | None, naive: np.ndarray, corr: np.ndarray) -> dict:
+    """One table row: per-target errors [deg] uncorrected and corrected, their stats and the
+    reduction of the mean (and its per-target range)."""
+    per = 100 * (1 - corr / naive)
+    return {"judge": judge, "payload_kg": payload, "uncorrected": _stats(naive),
+            "corrected": _stats(corr), "per_target_deg": {"uncorrected": naive.tolist(),
+                                                          "corrected": corr.tolist()},
+            "reduction_pct": float(100 * (1 - corr.mean() / naive.mean())),
+            "reduction_min_pct": float(per.min()), "reduction_max_pct": float(per.max())}
+
+
 def _plot(platform: Platform, target: np.ndarray, naive: np.ndarray, corrected: np.ndarray,
-          commands: np.ndarray, title: str, path: Path) -> Path:
+          commands: np.ndarray, title: str, path: Path, judge: str = "world") -> Path:
     from matplotlib.figure import Figure
 
     n = target.shape[1]
@@ -176,9 +192,9 @@ def _plot(platform: Platform, target: np.ndarray, naive: np.ndarray, corrected: 
         ax.plot(t, np.degrees(commands[:, j]), color="tab:green", lw=0.8, ls="--",
                 label="corrected command")
         ax.plot(t, np.degrees(naive[:, j]), color="tab:orange", lw=1.0,
-                label="world: target sent")
+                label=f"{judge}: target sent")
         ax.plot(t, np.degrees(corrected[:, j]), color="tab:blue", lw=1.0,
-                label="world: corrected")
+                label=f"{judge}: corrected")
         ax.set_ylabel(f"{platform.channel_names[j]} [deg]", fontsize=7)
         ax.tick_params(labelsize=7)
     axes[0].set_title(title, fontsize=8)
@@ -189,15 +205,26 @@ def _plot(platform: Platform, target: np.ndarray, naive: np.ndarray, corrected: 
 
 
 def _markdown(report: dict) -> str:
-    lines = ["# Residual action correction, judged in the hidden world", "",
-             f"checkpoint `{report['checkpoint']}`, {len(report['targets'])} held-out targets "
-             f"of {report['frames']} frames, world seed {report['world_seed']}; tracking "
-             f"error over {', '.join(report['joints'])}.", "",
+    if "port" in report:
+        head = ["# Residual action correction, judged on a servo bus", "",
+                f"residual `{report['residual']}`, {len(report['targets'])} held-out targets "
+                f"of {report['frames']} frames played on `{report['port']}` (uncorrected and "
+                f"corrected, alternating which goes first); tracking error from the bus's "
+                f"position telemetry over {', '.join(report['joints'])}; "
+                f"{report['overruns']} slot(s) lost to overruns, "
+                f"{report['invalid_reads']} missing read(s).", ""]
+    else:
+        head = ["# Residual action correction, judged in the hidden world", "",
+                f"checkpoint `{report['checkpoint']}`, {len(report['targets'])} held-out "
+                f"targets of {report['frames']} frames, world seed {report['world_seed']}; "
+                f"tracking error over {', '.join(report['joints'])}.", ""]
+    lines = [*head,
              "| payload | judged by | uncorrected [deg] | corrected [deg] | reduction |",
              "|---|---|---|---|---|"]
     for row in report["rows"]:
         u, c = row["uncorrected"], row["corrected"]
-        lines.append(f"| {row['payload_kg']:.2f} kg | {row['judge']} | {u['mean']:.2f} ± "
+        load = ("not told" if row["payload_kg"] is None else f"{row['payload_kg']:.2f} kg")
+        lines.append(f"| {load} | {row['judge']} | {u['mean']:.2f} ± "
                      f"{u['std']:.2f} | {c['mean']:.2f} ± {c['std']:.2f} | "
                      f"{row['reduction_pct']:.0f} % ({row['reduction_min_pct']:.0f} … "
                      f"{row['reduction_max_pct']:.0f} %) |")
@@ -221,15 +248,7 @@ def evaluate(config: str | os.PathLike | None, ckpt: str | os.PathLike,
     with torch.no_grad():
         commands = np.stack([policy.corrected(t) for t in targets])
     rows = []
-
-    def row(judge: str, payload: float, naive: np.ndarray, corr: np.ndarray) -> dict:
-        per = 100 * (1 - corr / naive)
-        return {"judge": judge, "payload_kg": payload, "uncorrected": _stats(naive),
-                "corrected": _stats(corr), "per_target_deg": {"uncorrected": naive.tolist(),
-                                                              "corrected": corr.tolist()},
-                "reduction_pct": float(100 * (1 - corr.mean() / naive.mean())),
-                "reduction_min_pct": float(per.min()), "reduction_max_pct": float(per.max())}
-
+    row = _row
     rows.append(row("model + sim (no payload)", 0.0,
                     np.degrees(model_tracking(actuator, sim, None, targets, policy.joints)),
                     np.degrees(model_tracking(actuator, sim, policy, targets, policy.joints))))
@@ -252,6 +271,81 @@ def evaluate(config: str | os.PathLike | None, ckpt: str | os.PathLike,
         report["plot"] = _plot(platform, targets[0], q_naive[0], q_corr[0], commands[0],
                                f"{labels[0]}, payload {payload:.2f} kg (hidden world)",
                                out / "correction.png").name
+        write_json(out / "eval.json", json_safe(report))
+        write_text(out / "eval.md", _markdown(report))
+    return _markdown(report)
+
+
+def _bus_errors(targets: np.ndarray, replays: list[dict], joints: list[int]) -> np.ndarray:
+    """(B,) mean |q_bus - target| [deg] over ``joints`` and frames 1..T-1 the bus reported
+    (a frame lost to an overrun or a missing read does not count)."""
+    errs = []
+    for target, r in zip(targets, replays, strict=True):
+        e = np.abs(r["q"][1:] - target[1:])[:, joints]
+        if not np.isfinite(e).any():
+            raise CorrectionError("the bus reported no position for any scored frame")
+        errs.append(np.degrees(np.nanmean(e)))
+    return np.array(errs)
+
+
+def evaluate_bus(config: str | os.PathLike | None, residual: str | os.PathLike, port: str,
+                 out: str | os.PathLike | None = None, calibration: str | None = None,
+                 settle_s: float | None = None, progress: bool = True,
+                 platform: Platform | None = None, limit_margin: float | None = None) -> str:
+    """The config's held-out targets played on the bus at ``port``: each target as sent
+    and corrected, alternately first, through the guarded replay of ``collect``. Scores
+    the bus's own position telemetry; writes eval.json, eval.md and correction.png to
+    ``out``. The payload, if any, is the arm's: the client is not told. ``platform``: the
+    config's platform with other hardware settings (timeouts, ramp), default as named.
+    ``limit_margin``: the joint-limit margin of the safety checks (default: the platform's
+    ``hardware.collect``), as a fraction of each joint's range."""
+    from nactuator.hardware.collector import SafetyLimits, replay_sequences
+
+    cfg = load_config(config)
+    platform = platform or load_platform(cfg["platform"])
+    if platform.name != cfg["platform"]:
+        raise CorrectionError(f"the config is for {cfg['platform']}, the bus for "
+                              f"{platform.name}")
+    policy = load_policy(residual)
+    if policy.n != platform.n:
+        raise CorrectionError(f"residual {residual} corrects {policy.n} channels; "
+                              f"{platform.name} has {platform.n}")
+    targets, labels = _targets(platform, cfg, "eval")
+    commands = np.stack([policy.corrected(t) for t in targets])
+    sequences, names, slots = [], [], []
+    for b, label in enumerate(labels):
+        pair = [(targets[b], "uncorrected"), (commands[b], "corrected")]
+        for seq, kind in (pair if b % 2 == 0 else pair[::-1]):
+            sequences.append(seq)
+            names.append(f"{label} {kind}")
+            slots.append((b, kind))
+    t0 = time.perf_counter()
+    limits = SafetyLimits.from_platform(platform, limit_margin=limit_margin)
+    replays = replay_sequences(platform, port, sequences, limits=limits,
+                               calibration=calibration, settle_s=settle_s, progress=progress,
+                               labels=names)
+    by = {slot: r for slot, r in zip(slots, replays, strict=True)}
+    naive_runs = [by[(b, "uncorrected")] for b in range(len(labels))]
+    corr_runs = [by[(b, "corrected")] for b in range(len(labels))]
+    naive = _bus_errors(targets, naive_runs, policy.joints)
+    corr = _bus_errors(targets, corr_runs, policy.joints)
+    report = {"residual": str(residual), "config": str(config), "port": port,
+              "targets": labels, "frames": int(targets.shape[1]),
+              "joints": [platform.channel_names[j] for j in policy.joints],
+              "limit_margin": limits.limit_margin,
+              "overruns": int(sum(r["overruns"] for r in replays)),
+              # reads missing on played slots (a lost slot has no read at all)
+              "invalid_reads": int(sum((~r["valid"]).sum() - r["overruns"] * platform.n
+                                       for r in replays)),
+              "wall_time_s": time.perf_counter() - t0,
+              "rows": [_row("servo bus", None, naive, corr)]}
+    if out is not None:
+        out = Path(out)
+        report["plot"] = _plot(platform, targets[0], naive_runs[0]["q"], corr_runs[0]["q"],
+                               commands[0], f"{labels[0]} on the bus {port}",
+                               out / "correction.png", judge="bus").name
+        report["q_bus"] = {"uncorrected": [r["q"].tolist() for r in naive_runs],
+                           "corrected": [r["q"].tolist() for r in corr_runs]}
         write_json(out / "eval.json", json_safe(report))
         write_text(out / "eval.md", _markdown(report))
     return _markdown(report)

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from nactuator.data.commands import COMMAND_KEYS, EXOGENOUS_KEYS, with_command_channels
 from nactuator.data.curriculum import HorizonCurriculum
 from nactuator.data.episodes import dataset_paths, episode_splits, open_datasets
-from nactuator.data.normalization import norm_stats
+from nactuator.data.normalization import norm_stats, state_step_stats
 from nactuator.data.references import LinearForceReference
 from nactuator.data.schema import REQUIRED_KEYS, SPLITS, DataFormatError
 from nactuator.input_filters import MISSING_RULES, filter_inputs, input_filter_spec
@@ -218,6 +218,13 @@ class NADDataModule(L.LightningDataModule):
         return self._norm_stats
 
     @property
+    def state_step(self) -> dict[str, list]:
+        """Per-channel std of one step's change of q and qd over the train split
+        (``{"dq": [n], "dqd": [n]}``): a next-state model's output scale."""
+        self._load()
+        return self._state_step
+
+    @property
     def episodes(self) -> list[EpisodeInfo]:
         self._load()
         return self._episodes
@@ -330,6 +337,11 @@ class NADDataModule(L.LightningDataModule):
             warnings.warn("NADDataModule: no train episodes; norm_stats are mean 0, std 1",
                           stacklevel=2)
         self._norm_stats = norm_stats(frames, train_rows)
+        step_rows = np.concatenate(
+            [np.arange(s, s + ln - 1) for s, ln, e in zip(starts, lengths, episodes, strict=True)
+             if e.split == "train"] or [np.zeros(0, np.int64)]
+        )
+        self._state_step = state_step_stats(frames, step_rows)
 
         # Packed table: each episode preceded by `window_length - 1` zero rows with pad = 1.
         widths = {"n": n, "3": 3, "1": 1}

@@ -8,7 +8,7 @@ import numpy as np
 
 from nactuator.data.schema import REQUIRED_KEYS
 
-__all__ = ["NORM_KEYS", "OPTIONAL_NORM_KEYS", "STD_FLOOR", "norm_stats"]
+__all__ = ["NORM_KEYS", "OPTIONAL_NORM_KEYS", "STD_FLOOR", "norm_stats", "state_step_stats"]
 
 NORM_KEYS = (*REQUIRED_KEYS, "error")  # the recorded channels and the error q_cmd - q
 # Exogenous inputs of counterfactual models (nactuator.data.commands), normalised when the
@@ -40,4 +40,22 @@ def norm_stats(frames: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, dic
         std = np.sqrt(var)
         std = np.where((count > 0) & (std > STD_FLOOR), std, 1.0)
         out[key] = {"mean": mean.tolist(), "std": std.tolist()}
+    return out
+
+
+def state_step_stats(frames: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, list]:
+    """Per-channel std of one control step's change of the state, ``{"dq": [n], "dqd":
+    [n]}``: of ``q[r + 1] - q[r]`` and ``qd[r + 1] - qd[r]`` over ``rows`` (rows whose next
+    row is the next frame of the same episode). The scale a next-state model predicts its
+    per-step change in (``model.dynamics: next_state``). NaN ignored; floor as above."""
+    out: dict[str, list] = {}
+    for key, name in (("q", "dq"), ("qd", "dqd")):
+        x = frames[key][rows + 1].astype(np.float64) - frames[key][rows]
+        finite = np.isfinite(x)
+        count = finite.sum(axis=0)
+        safe = np.where(finite, x, 0.0)
+        mean = safe.sum(axis=0) / np.maximum(count, 1)
+        var = np.where(finite, (x - mean) ** 2, 0.0).sum(axis=0) / np.maximum(count, 1)
+        std = np.sqrt(var)
+        out[name] = np.where((count > 0) & (std > STD_FLOOR), std, 1.0).tolist()
     return out

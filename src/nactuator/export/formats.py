@@ -232,6 +232,10 @@ def export(ckpt: str | os.PathLike, out: str | os.PathLike, fmt: str | None = No
     fmt = export_format(out, fmt)
     quantize = check_quantize_option(quantize, fmt)
     actuator, meta = load_actuator(ckpt, use_ema=use_ema)
+    if actuator.dynamics != "torque":
+        raise ExportError(f"{ckpt} is a next-state model (model.dynamics: next_state): the "
+                          "export file contract carries a simulator torque (tau, force, gate, "
+                          "condition), which it does not predict; export a torque-mode model")
     metadata = {**export_metadata(actuator, meta), "quantize": quantize}
     out = Path(out)
     if fmt == TORCHSCRIPT:

@@ -21,6 +21,11 @@ Recording guarantees are the recorder's (:mod:`nactuator.hardware.recorder`, the
 :class:`EpisodeBuffer`, journal and data writer): each episode is journaled while it runs
 and committed before the next starts; Ctrl-C / SIGTERM ends the current episode, saves it
 and stops; closing the bus switches torque off however collection ends.
+
+:func:`replay_sequences` is the same guarded open-loop replay without noise or recording:
+each given command sequence once, after the checked ramp to its first command and a full
+settle, returning the telemetry it produced (what ``nactuator correct eval --port`` scores
+corrected against uncorrected commands with).
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ from nactuator.hardware.timing import FixedRate
 from nactuator.platforms import Platform, load_platform
 from nactuator.progress import progress_bar
 
-__all__ = ["SafetyLimits", "SafetyStop", "collect", "noisy_commands", "sweep_commands"]
+__all__ = ["SafetyLimits", "SafetyStop", "collect", "noisy_commands", "replay_sequences",
+           "sweep_commands"]
 
 NOISE_SIGMA = 0.01  # rad, SPEC §7
 NOISE_PROBABILITY = 0.5
@@ -366,3 +372,81 @@ def _collect(p: Platform, port: str, base: np.ndarray, episodes: int, out: Path,
                          f"off. Saved {summary}")
     how = f" (stopped by {stopped_by})" if stopped_by else ""
     return f"collected {summary}{how}"
+
+
+def replay_sequences(platform: str | Platform, port: str, sequences, limits: SafetyLimits |
+                     None = None, calibration: str | Path | None = None,
+                     settle_s: float | None = None, progress: bool = False,
+                     labels: list[str] | None = None) -> list[dict[str, Any]]:
+    """Play each command sequence (T, n) once, open loop, at the platform rate on the bus at
+    ``port``, behind the safety checks of :func:`collect`, and return what the bus reported.
+
+    Before each sequence the arm ramps (checked) to the sequence's first command and holds
+    it for ``settle_s`` (default: the platform's ``record_settle_s``), the whole time, so
+    every sequence starts from the same rest at its first command, as a replay in the world
+    does. Frame k is the telemetry read just before command k is written: ``q[k + 1]`` is
+    the response to ``commands[k]``. Per sequence: ``q``, ``qd`` (T, n), NaN where a servo
+    was not read or the slot was lost to an overrun; ``valid`` (T, n) bool; ``overruns`` and
+    ``skipped_slots``. Raises :class:`SafetyStop` (the command not sent, torque off) on a
+    violation; closing the bus leaves torque off however it ends.
+    """
+    p = platform if isinstance(platform, Platform) else load_platform(platform)
+    sequences = [_check_base(p, s) for s in sequences]
+    if not sequences:
+        raise ValueError("replay_sequences needs at least one command sequence")
+    limits = limits or SafetyLimits.from_platform(p)
+    hw = p.hardware
+    fps = p.fps
+    ramp_s = float(hw.get("record_ramp_s", 1.0))
+    settle_s = float(hw.get("record_settle_s", 2.0) if settle_s is None else settle_s)
+    guard = _Guard(p, limits)
+    results: list[dict[str, Any]] = []
+    with sigterm_as_interrupt(), open_bus(p, port, calibration) as bus:
+        for i, commands in enumerate(sequences):
+            name = labels[i] if labels else f"sequence {i}"
+            first = bus.wait_ready()
+            violation = guard.state(first, positions=False) or guard.command(commands[0])
+            if violation is None:
+                if i == 0:
+                    bus.write_goal(first.q)  # hold where it is, then torque on
+                    bus.set_torque(True)
+                # tolerance 0: hold the first command for the whole settle time
+                violation = _checked_ramp(bus, guard, first.q, commands[0], ramp_s, fps,
+                                          settle_s, 0.0)
+            if violation is None:
+                result, violation = _replay_once(bus, guard, commands, fps, progress, name)
+                results.append(result)
+            if violation is not None:
+                bus.torque_off()
+                raise SafetyStop(f"safety stop in {name}: {violation}; that command was not "
+                                 "sent and torque is off")
+    return results
+
+
+def _replay_once(bus: TelemetryBus, guard: _Guard, commands: np.ndarray, fps: float,
+                 progress: bool, name: str) -> tuple[dict[str, Any], str | None]:
+    n_slots, n = commands.shape
+    q = np.full((n_slots, n), np.nan)
+    qd = np.full((n_slots, n), np.nan)
+    valid = np.zeros((n_slots, n), dtype=bool)
+    skipped: list[int] = []
+    violation = None
+    bar = progress_bar(total=n_slots, desc=f"replay {name}", unit="frame",
+                       disable=not progress, leave=False)
+    with bar:
+        pace = FixedRate(fps).start()
+        while pace.slot < n_slots:
+            frame = bus.read()
+            k = pace.slot
+            violation = guard.state(frame) or guard.command(commands[k])
+            if violation is not None:
+                break
+            bus.write_goal(commands[k])
+            valid[k] = frame.valid
+            q[k] = np.where(frame.valid, frame.q, np.nan)
+            qd[k] = np.where(frame.valid, frame.qd, np.nan)
+            bar.update(1)
+            lost = pace.wait(n_slots)
+            skipped += list(range(k + 1, k + 1 + lost))
+    return ({"q": q, "qd": qd, "valid": valid, "overruns": len(skipped),
+             "skipped_slots": skipped}, violation)

@@ -61,6 +61,16 @@ class NeuralActuator(nn.Module):
             raise ValueError(f"model_config needs an 'arch' key, got keys {sorted(config)}")
         firmware_config = config.pop("firmware", None)
         physics_config = config.pop("physics", None)
+        state_step = config.pop("state_step", None)
+        if config.get("dynamics", "torque") == "next_state":
+            if physics_config is not None:
+                raise ValueError("a next-state model predicts the state, not a torque: it "
+                                 "cannot add a physics actuator's torque")
+            if not (isinstance(state_step, Mapping) and len(state_step.get("dq", [])) ==
+                    n_motors and len(state_step.get("dqd", [])) == n_motors):
+                raise ValueError(f"a next-state model needs model_config 'state_step' "
+                                 f"{{'dq': [{n_motors}], 'dqd': [{n_motors}]}} (the DataModule's "
+                                 f"state_step), got {state_step!r}")
         firmware = (None if firmware_config is None
                     else FirmwareLaw.from_config(firmware_config, "model_config 'firmware'"))
         self.feature_builder = FeatureBuilder(features, n_motors, norm_stats, firmware=firmware)
@@ -69,6 +79,13 @@ class NeuralActuator(nn.Module):
         self.physics = (None if physics_config is None
                         else build_physics(physics_config, n_motors, firmware))
         self.model_config = dict(self.net.config)
+        # next_state: the per-step std of q and qd the network's state_delta is in
+        self.register_buffer("state_scale", None if state_step is None else torch.tensor(
+            [state_step["dq"], state_step["dqd"]], dtype=torch.float32).T,  # (n, 2)
+            persistent=False)  # rebuilt from model_config
+        if state_step is not None:
+            self.model_config["state_step"] = {k: [float(v) for v in state_step[k]]
+                                               for k in ("dq", "dqd")}
         if firmware is not None:
             self.model_config["firmware"] = firmware.to_config()
         if physics_config is not None:
@@ -87,6 +104,12 @@ class NeuralActuator(nn.Module):
         """Half-width of the force interval in σ: the calibrated scale, else z_0.95."""
         calibration = self.interval_calibration
         return GAUSSIAN_Z90 if not calibration else float(calibration["scale"])
+
+    @property
+    def dynamics(self) -> str:
+        """``"torque"`` (a simulator turns the output torque into the next state) or
+        ``"next_state"`` (the model predicts the next state itself: ``dq``, ``dqd``)."""
+        return self.model_config.get("dynamics", "torque")
 
     @property
     def window_length(self) -> int:
@@ -126,10 +149,18 @@ class NeuralActuator(nn.Module):
 
     def forward_tokens(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         """The network on one window of tokens (B, L, n_in) (no physics actuator)."""
-        return self.net(tokens)
+        return self._state_outputs(self.net(tokens))
+
+    def _state_outputs(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A next-state network's ``state_delta`` (B, n, 2) in SI: ``dq``, ``dqd`` (B, n),
+        the change of q and qd from the window's current frame to the next."""
+        if "state_delta" in out:
+            delta = out["state_delta"] * self.state_scale
+            out["dq"], out["dqd"] = delta[..., 0], delta[..., 1]
+        return out
 
     def forward(self, window: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = self.net(self.feature_builder(window))
+        out = self._state_outputs(self.net(self.feature_builder(window)))
         if self.physics is not None:
             out["tau"] = self.physics(window) + out["tau"]
         if "force_log_var" in out:

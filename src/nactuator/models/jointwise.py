@@ -13,6 +13,14 @@ The encoder returns per-joint features (B, n_motors, width); :class:`JointwiseHe
 them with the same outputs as :class:`~nactuator.models.heads.ActuatorHeads`: torque and
 condition per joint through a readout shared by all joints, the whole-arm force and contact
 gate from a deep-set pooling (mean over joints) of per-joint force features.
+
+Two dynamics (``dynamics``): ``torque`` (the default, our trained-through-the-simulator
+setting: each joint's readout is its simulator torque) or ``next_state`` (DexNDM's own
+training): each joint's readout is its own change of position and velocity over the next
+control step, ``state_delta`` (B, n, 2) in units of the training data's per-step std
+(:class:`~nactuator.models.NeuralActuator` scales it to ``dq``, ``dqd``); the model then *is*
+the step of a rollout, no simulator (:mod:`nactuator.rollout`), trained by a supervised
+next-state loss on recorded windows (:func:`nactuator.rollout.teacher_forced_rollout`).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from torch import nn
 from nactuator.models.heads import ForceLogVariance, head_outputs
 
 MAX_LATENT_DIM = 8  # SPEC §7: "a low-dimensional variable"; issue 22 caps it at 8
+DYNAMICS = ("torque", "next_state")
 
 
 class JointwiseEncoder(nn.Module):
@@ -92,8 +101,12 @@ class JointwiseHeads(nn.Module):
     """
 
     def __init__(self, width: int, n_motors: int, head_hidden: int = 160,
-                 tau_init_scale: float = 0.01, uncertainty: bool = False) -> None:
+                 tau_init_scale: float = 0.01, uncertainty: bool = False,
+                 dynamics: str = "torque") -> None:
         super().__init__()
+        if dynamics not in DYNAMICS:
+            raise ValueError(f"jointwise dynamics must be one of {DYNAMICS}, got {dynamics!r}")
+        self.dynamics = dynamics
         self.head_hidden = head_hidden
         self.n_motors = n_motors
         self.hidden = nn.Linear(width, 3 * head_hidden)
@@ -104,14 +117,32 @@ class JointwiseHeads(nn.Module):
         with torch.no_grad():
             self.torque_readout.weight.mul_(tau_init_scale)
             self.torque_readout.bias.zero_()
+        # next_state: the per-joint readout is (Δq, Δqd) in per-step std units, shared by all
+        # joints; it replaces the torque readout (started at "no change", as the torque's
+        # small start is "no torque").
+        self.state_readout = None
+        if dynamics == "next_state":
+            self.torque_readout = None
+            self.state_readout = nn.Linear(head_hidden, 2)
+            with torch.no_grad():
+                self.state_readout.weight.mul_(tau_init_scale)
+                self.state_readout.bias.zero_()
 
     def forward(self, h: torch.Tensor) -> dict[str, torch.Tensor]:
         torque_feature, force_feature, condition_feature = F.silu(self.hidden(h)).split(
             self.head_hidden, dim=-1)
         pooled = force_feature.mean(dim=1)
         force_raw, gate_logit = self.force_readout(pooled).split((3, 1), dim=-1)
-        out = head_outputs(self.torque_readout(torque_feature).squeeze(-1), force_raw,
-                           gate_logit, self.condition_readout(condition_feature).squeeze(-1))
+        if self.state_readout is not None:
+            # no torque: the model predicts the state; "tau" is NaN (not predicted)
+            state_delta = self.state_readout(torque_feature)
+            tau = torch.full_like(state_delta[..., 0], float("nan"))
+        else:
+            tau = self.torque_readout(torque_feature).squeeze(-1)
+        out = head_outputs(tau, force_raw, gate_logit,
+                           self.condition_readout(condition_feature).squeeze(-1))
+        if self.state_readout is not None:
+            out["state_delta"] = state_delta
         if self.force_log_var is not None:
             out["force_log_var"] = self.force_log_var(pooled)
         return out

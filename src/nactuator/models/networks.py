@@ -89,6 +89,8 @@ def build_model(arch: str, n_in: int, n_motors: int, window_length: int = 9,
     config = {"arch": arch, "window_length": window_length, **encoder_sizes, **head_sizes}
     if not config.get("uncertainty"):  # off: the config of models before the option
         config.pop("uncertainty", None)
+    if config.get("dynamics") == "torque":  # the default: as before the next-state mode
+        config.pop("dynamics")
     return ActuatorNet(encoder, heads, n_in, window_length, config)
 
 

@@ -37,6 +37,9 @@ class LossWeights:
     # nactuator.uncertainty.beta_nll): its weight and β (Seitzer et al. 2022: 0.5).
     w_nll: float = 1.0
     nll_beta: float = 0.5
+    # A next-state model's supervised one-step loss (model.dynamics: next_state; replaces
+    # the joint, gripper and velocity terms): squared error of Δq and Δqd in per-step stds.
+    w_next: float = 1.0
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -132,3 +135,18 @@ def condition_loss(
         condition_logit, condition_true.to(condition_logit.dtype), reduction="none"
     )
     return _masked_mean(per, valid)
+
+
+def next_state_loss(q_pred: torch.Tensor, q_true: torch.Tensor, qd_pred: torch.Tensor,
+                    qd_true: torch.Tensor, scale: torch.Tensor,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+    """DexNDM's supervised next-state loss: ``mean_t Σ_j`` of the squared errors of the
+    predicted next q and qd, each joint's in units of its per-step std (``scale`` (n, 2):
+    the model's ``state_scale``), so every joint and both quantities weigh alike. (B, T, n)
+    inputs; non-finite recorded values (dropped reads) do not count."""
+    parts = []
+    for pred, true, s in ((q_pred, q_true, scale[:, 0]), (qd_pred, qd_true, scale[:, 1])):
+        finite = torch.isfinite(true)
+        err = torch.where(finite, (pred - torch.nan_to_num(true)) / s, 0.0)
+        parts.append((err ** 2).sum(-1))
+    return _step_mean(parts[0] + parts[1], mask)

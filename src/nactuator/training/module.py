@@ -46,6 +46,7 @@ from nactuator.rollout import (
     Rollout,
     closed_loop_rollout,
     rollout_episodes,
+    teacher_forced_rollout,
 )
 from nactuator.training.checkpoints import (
     CheckpointMismatchError,
@@ -124,6 +125,12 @@ class NeuralActuatorModule(L.LightningModule):
         uncertainty: add the heteroscedastic force head (log σ² per axis, trained with
             β-NLL: ``loss.w_nll``, ``loss.nll_beta``); ``infer``, ``live``, ``export`` and
             ``eval`` then give the force interval (docs/uncertainty.md). Off by default.
+        dynamics: ``torque`` (default: the model's torque drives the simulator, trained by
+            rollouts through it) or ``next_state`` (``arch: jointwise`` only; DexNDM): each
+            joint predicts its own next position and velocity, trained by a supervised
+            one-step loss on the recorded windows (``loss.w_next``; no simulator), and in
+            validation / ``eval`` the model replaces the simulator step of the open-loop
+            rollout from frame 0.
     """
 
     def __init__(
@@ -152,6 +159,7 @@ class NeuralActuatorModule(L.LightningModule):
         backbone_lr_scale: float = 1.0,
         physics_lr: float | None = None,
         uncertainty: bool = False,
+        dynamics: str = "torque",
     ) -> None:
         super().__init__()
         self.platform: Platform = load_platform(platform)
@@ -163,6 +171,17 @@ class NeuralActuatorModule(L.LightningModule):
         self.model_config = resolve_model_config(arch, window_length, width, depth, model_sizes)
         if uncertainty:
             self.model_config["uncertainty"] = True
+        if dynamics not in ("torque", "next_state"):
+            raise ValueError(f"dynamics must be 'torque' or 'next_state', got {dynamics!r}")
+        if dynamics == "next_state":
+            if arch != "jointwise":
+                raise ValueError("dynamics: next_state is the joint-wise model's second mode "
+                                 f"(each joint predicts its own next state); set arch: "
+                                 f"jointwise, not {arch!r}")
+            if "physics" in self.model_config:
+                raise ValueError("dynamics: next_state predicts the state, not a torque: "
+                                 "drop model_sizes.physics")
+            self.model_config["dynamics"] = "next_state"
         self.model_config.update(firmware_config(self.platform, self.features,
                                                  self.model_config))
         self.loss_weights = loss if loss is not None else LossWeights()
@@ -219,6 +238,8 @@ class NeuralActuatorModule(L.LightningModule):
                     "(Contract 2) to build its model, or a checkpoint (ckpt_path) to load"
                 )
             self.check_dataset(datamodule)
+            if self.model_config.get("dynamics") == "next_state":
+                self.model_config["state_step"] = datamodule.state_step
             self.build_actuator(datamodule.norm_stats)
         if datamodule is not None:
             self._check_platform_of(datamodule)
@@ -273,6 +294,8 @@ class NeuralActuatorModule(L.LightningModule):
         if "length" in batch:  # whole episodes from rest: the evaluation protocol's rollout
             return rollout_episodes(self.actuator, self.simulator.step, batch,
                                     grad=torch.is_grad_enabled())
+        if self.actuator.dynamics == "next_state":  # supervised one-step, no simulator
+            return teacher_forced_rollout(self.actuator, batch, self.window_length)
         start = self.window_length - 1
         q0, qd0 = batch["q"][:, start], batch["qd"][:, start]
         if noise and self.hparams.init_noise_q > 0:
@@ -291,8 +314,10 @@ class NeuralActuatorModule(L.LightningModule):
 
     def compute_losses(self, r: Rollout, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The weighted SPEC §5 loss and its parts (:mod:`nactuator.training.objective`)."""
+        next_state = self.actuator.dynamics == "next_state"
         return rollout_losses(r, batch, self.loss_weights, self.window_length, self.revolute,
-                              self.prismatic, self.platform.control_dt)
+                              self.prismatic, self.platform.control_dt,
+                              next_state_scale=self.actuator.state_scale if next_state else None)
 
     def rollout_metrics(self, r: Rollout, batch: dict[str, torch.Tensor]
                         ) -> dict[str, torch.Tensor]:
@@ -419,7 +444,9 @@ class NeuralActuatorModule(L.LightningModule):
                  sync_dist=True)
         self.log_dict({f"{stage}/{k}": v for k, v in parts.items()}, batch_size=batch_size,
                       sync_dist=True)
-        return parts.get("joint_mae_deg", parts["joint"])
+        if "joint_mae_deg" in parts:
+            return parts["joint_mae_deg"]
+        return parts["next"] if "next" in parts else parts["joint"]
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return self._evaluate(batch, "val")
@@ -466,6 +493,8 @@ class NeuralActuatorModule(L.LightningModule):
         if self.actuator is None:
             if self.hparams.init_from:  # the architecture came from the init checkpoint
                 self.model_config = upgrade_model_config(bundle.get("model_config") or {})
+            if "state_step" in saved:  # a next-state model's scale: data, kept in the bundle
+                self.model_config["state_step"] = saved["state_step"]
             self.build_actuator(bundle["norm_stats"])
             self.check_checkpoint("checkpoint", bundle.get("platform"), bundle.get("features"),
                                   saved, CheckpointMismatchError,

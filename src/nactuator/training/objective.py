@@ -23,6 +23,7 @@ from nactuator.training.losses import (
     gate_loss,
     gripper_loss,
     joint_loss,
+    next_state_loss,
     velocity_loss,
 )
 from nactuator.uncertainty import beta_nll
@@ -42,10 +43,13 @@ def step_mask(r: Rollout, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def rollout_losses(r: Rollout, batch: dict[str, torch.Tensor], weights: LossWeights,
                    window_length: int, revolute: Sequence[int], prismatic: Sequence[int],
-                   control_dt: float) -> dict[str, torch.Tensor]:
+                   control_dt: float, next_state_scale: torch.Tensor | None = None
+                   ) -> dict[str, torch.Tensor]:
     """The weighted loss (``"loss"``) and its parts. Rollout step ``i`` starts from frame
     ``s + i`` (``s = window_length − 1``): its simulated state is compared with frame
-    ``s + i + 1``, its force, gate and condition with frame ``s + i``."""
+    ``s + i + 1``, its force, gate and condition with frame ``s + i``. A next-state model
+    (``next_state_scale``: its per-step state scale) is scored on the predicted state
+    change instead of the joint, gripper and velocity losses."""
     w = weights
     start, steps = window_length - 1, r.tau.shape[1]
     q_next = batch["q"][:, start + 1 : start + 1 + steps]  # frames s+1 .. s+H
@@ -56,21 +60,26 @@ def rollout_losses(r: Rollout, batch: dict[str, torch.Tensor], weights: LossWeig
     force, force_valid = batch["force"][:, now], batch["force_valid"][:, now]
     if w.unlabelled_force_as_zero:  # the DataModule already serves unlabelled axes as 0 N
         force_valid = torch.ones_like(force_valid)
-    parts = {
-        "joint": joint_loss(r.q[:, 1:, rev], q_next[..., rev], mask),
-        "grip": gripper_loss(r.q[:, 1:, pri], q_next[..., pri], mask),
+    if next_state_scale is not None:  # one-step (train), open loop (validation)
+        parts = {"next": next_state_loss(
+            r.q[:, 1:], q_next, r.qd[:, 1:], batch["qd"][:, start + 1 : start + 1 + steps],
+            next_state_scale, mask)}
+    else:
+        parts = {"joint": joint_loss(r.q[:, 1:, rev], q_next[..., rev], mask),
+                 "grip": gripper_loss(r.q[:, 1:, pri], q_next[..., pri], mask)}
+        if w.w_vel > 0:
+            parts["vel"] = velocity_loss(r.q[..., rev], q_path[..., rev], control_dt, mask)
+    parts.update({
         "force": force_loss(r.force, force, force_valid & mask, w.force_beta, w.w_focal),
         "gate": gate_loss(r.gate_logit, force, force_valid & mask),
         "cond": condition_loss(r.condition_logit, batch["condition"][:, now],
                                batch["condition_valid"][:, now] & mask.unsqueeze(-1)),
-    }
-    if w.w_vel > 0:
-        parts["vel"] = velocity_loss(r.q[..., rev], q_path[..., rev], control_dt, mask)
+    })
     if r.force_log_var is not None and w.w_nll > 0:
         parts["nll"] = beta_nll(r.force, r.force_log_var, force, force_valid & mask,
                                 w.nll_beta)
     weight = {"joint": w.w_pos, "grip": w.w_grip, "force": w.w_force, "gate": w.w_gate,
-              "cond": w.w_cond, "vel": w.w_vel, "nll": w.w_nll}
+              "cond": w.w_cond, "vel": w.w_vel, "nll": w.w_nll, "next": w.w_next}
     parts["loss"] = sum(weight[k] * v for k, v in parts.items())
     return parts
 

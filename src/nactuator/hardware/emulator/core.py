@@ -78,8 +78,12 @@ class FaultIdError(UserError, ValueError):
     """A fault names a servo ID the emulated platform does not have."""
 
 
-def make_arm(kind: str, platform: Platform, seed: int, supply_voltage: float) -> ArmModel:
-    """``world`` (the hidden ground truth), ``reference`` (first-order servo) or ``leader``."""
+def make_arm(kind: str, platform: Platform, seed: int, supply_voltage: float,
+             payload_kg: float = 0.0) -> ArmModel:
+    """``world`` (the hidden ground truth, ``payload_kg`` at its end effector), ``reference``
+    (first-order servo) or ``leader``."""
+    if payload_kg and kind != "world":
+        raise ValueError(f"a payload needs the 'world' arm model, not {kind!r}")
     if kind == "leader":
         return ScriptedLeader(platform, seed=seed, supply_voltage=supply_voltage)
     if kind == "reference":
@@ -87,7 +91,7 @@ def make_arm(kind: str, platform: Platform, seed: int, supply_voltage: float) ->
     if kind == "world":
         from nactuator.hardware.emulator.world_arm import WorldArm
 
-        return WorldArm(platform, seed=seed)
+        return WorldArm(platform, seed=seed, payload_kg=payload_kg)
     raise ValueError(f"unknown arm model {kind!r}: expected 'world', 'reference' or 'leader'")
 
 
@@ -102,13 +106,15 @@ class Emulator:
     answered, so the arm moves the same way on an idle and on a loaded machine (tests).
     ``clock``: the time the XM430 Bus Watchdog measures silences in (default
     ``time.perf_counter``; a test passes its own to decide when a silence ends).
+    ``payload_kg``: a mass hung at the world arm's end effector (unseen load).
     """
 
     def __init__(self, bus: str, platform: str | Platform, seed: int = 0, *,
                  arm: str | ArmModel | None = None, leader: bool = False,
                  bus_timing: bool = False, faults: Faults | None = None,
                  link: str | Path | None = None, step_per_read: float | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 payload_kg: float = 0.0) -> None:
         self.platform = platform if isinstance(platform, Platform) else load_platform(platform)
         hw = self.platform.hardware
         if bus not in SPEC_BY_BUS:
@@ -132,7 +138,9 @@ class Emulator:
         if arm is None:
             arm = "leader" if leader else "world"
         if isinstance(arm, str):
-            arm = make_arm(arm, self.platform, seed, supply)
+            arm = make_arm(arm, self.platform, seed, supply, payload_kg)
+        elif payload_kg:
+            raise ValueError("payload_kg applies to an arm model made by name ('world')")
         self.arm: ArmModel = arm
         m_per_pulse = float(hw.get("gripper_m_per_pulse", units.OMX_GRIPPER_M_PER_PULSE))
         self.units = [units.motor_units(bus, c.kind == "prismatic", None, m_per_pulse)

@@ -3,6 +3,8 @@
 ``nactuator.world`` is the same ground truth ``data synth`` records from, so a recording
 made through an emulated bus and a synthesized dataset come from one robot. The emulator
 steps it in real time, one physics step per tick, and reads its quantised telemetry.
+``payload_kg`` hangs a mass at the end effector for the whole run (its weight, -m g along
+base z, as ``data.synth.replay_commands`` applies it): a load the bus's client is not told of.
 """
 
 from __future__ import annotations
@@ -17,8 +19,12 @@ from nactuator.platforms import Platform
 
 class WorldArm:
     def __init__(self, platform: Platform, seed: int = 0, world: str | Path | None = None,
-                 q0: np.ndarray | None = None) -> None:
+                 q0: np.ndarray | None = None, payload_kg: float = 0.0) -> None:
+        from nactuator.constants import GRAVITY
         from nactuator.world.world import World, load_world
+
+        if not (np.isfinite(payload_kg) and payload_kg >= 0):
+            raise ValueError(f"payload_kg must be >= 0, got {payload_kg}")
 
         params = load_world(platform, world, seed=seed)
         self.world = World(platform, params, seed=seed, n_envs=1)
@@ -27,6 +33,8 @@ class WorldArm:
         hi = np.array([c.limit_upper for c in platform.channels])
         self.world.reset(np.clip(np.zeros(platform.n) if q0 is None else q0, lo, hi))
         self.world.set_torque_enabled(False)  # servos power up with torque off
+        if payload_kg:
+            self.world.set_external_force([0.0, 0.0, -float(payload_kg) * GRAVITY])
 
     def set_goal(self, q_goal: np.ndarray) -> None:
         self.world.set_goal(q_goal)
