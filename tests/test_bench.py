@@ -188,3 +188,33 @@ def test_bench_uncertainty_times_both_heads(capsys):
         base, head, ratio = (number(c) for c in row[1:4])
         assert base > 0 and head > 0 and ratio == pytest.approx(head / base, rel=0.01)
     assert "85,488 without, 85,587 with" in out  # the head adds 3 x 33 weights
+
+
+def test_bench_time_to_accuracy_plots_cv_runs_against_training_cpu(tmp_path, capsys):
+    # Two fake `nactuator cv` outputs (cv.json with each fold's training time, as cv writes
+    # them) and a documented band: the table reads back the per-fold means.
+    from nactuator.experiments.cv import summarize_folds
+
+    def fake(name: str, cpu: list[float], worst: list[float]) -> Path:
+        rows = [{"arm mean (deg), model": w / 2, "worst arm joint (deg), model": w,
+                 "contact/force 3-axis (N), model rollout": 0.4} for w in worst]
+        times = summarize_folds([{"cpu": c, "wall": 1.5 * c} for c in cpu])
+        out = tmp_path / name
+        out.mkdir()
+        (out / "cv.json").write_text(json.dumps({
+            "scored_folds": list(range(len(cpu))), "train_s": times,
+            "summary": {"best": summarize_folds(rows)}}))
+        return out
+
+    old = fake("old", [400.0, 420.0], [1.0, 2.0])
+    new = fake("new", [90.0, 100.0], [1.2, 1.4])
+    png = tmp_path / "t2a.png"
+    bench_main("time_to_accuracy")(["--run", f"old={old}", "--run", f"new={new}", "--contact",
+                                    "--band", "worst arm joint (deg), model=1.73,0.79,doc",
+                                    "--out", str(png)])
+    text = capsys.readouterr().out
+    [row_old] = table_rows(text, "old")
+    [row_new] = table_rows(text, "new")
+    assert row_old[1] == "0, 1" and row_old[2] == "410 ± 14" and row_old[3] == "615 ± 21"
+    assert row_new[2] == "95 ± 7" and row_new[5] == "1.30 ± 0.14" and row_new[6] == "0.400 ± 0.000"
+    assert png.stat().st_size > 0

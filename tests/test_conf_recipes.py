@@ -11,12 +11,13 @@ import pytest
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-def _parse(platform: str, recipe: str):
+def _parse(platform: str, *recipes: str):
     from nactuator.data.datamodule import NADDataModule
     from nactuator.training.cli import _make_cli_class
     from nactuator.training.module import NeuralActuatorModule
 
-    configs = [CONF / "base.yaml", CONF / "train" / f"{platform}.yaml", CONF / "train" / recipe]
+    configs = [CONF / "base.yaml", CONF / "train" / f"{platform}.yaml",
+               *(CONF / "train" / r for r in recipes)]
     args = [*(a for c in configs for a in ("--config", str(c))), "--platform", platform,
             "--data.paths=[x]"]
     cli = _make_cli_class()(NeuralActuatorModule, NADDataModule, run=False, args=args,
@@ -34,3 +35,21 @@ def test_the_real_data_recipe_loads_with_its_documented_values(platform):
     if platform == "omx":  # the state noise that stops the OMX push rollouts from diverging
         assert (model.hparams.state_noise_q, model.hparams.state_noise_qd) == (0.002, 0.02)
         assert (model.loss_weights.force_beta, model.loss_weights.w_focal) == (0.15, 3.0)
+
+
+@pytest.mark.parametrize("platform", ["omx", "so101"])
+def test_the_fast_recipes_layer_on_the_real_data_recipes(platform):
+    """conf/train/fast_*.yaml (issue 25 item 3, docs/results.md "Time to accuracy") go on top
+    of nad_*.yaml: OMX swaps the transformer for the joint-wise model, SO-101 validates every
+    4th epoch; the schedule, batch and (OMX) state noise and force loss stay the recipe's."""
+    model, data, trainer = _parse(platform, f"nad_{platform}.yaml", f"fast_{platform}.yaml")
+    assert trainer.max_epochs == 36
+    assert data.curriculum.max_horizon == 192 and data.curriculum.horizon_at(0) == 16
+    assert data.samples_per_epoch == 128 and data.batch_size == 16
+    assert (model.hparams.width, model.hparams.depth) == (64, 2)
+    if platform == "omx":
+        assert model.hparams.arch == "jointwise" and trainer.check_val_every_n_epoch == 1
+        assert (model.hparams.state_noise_q, model.hparams.state_noise_qd) == (0.002, 0.02)
+        assert (model.loss_weights.force_beta, model.loss_weights.w_focal) == (0.15, 3.0)
+    else:
+        assert model.hparams.arch == "transformer" and trainer.check_val_every_n_epoch == 4

@@ -126,8 +126,30 @@ def test_cv_trains_and_scores_a_fold_and_resumes(tmp_path):
         assert Path(held["checkpoint"]).name.startswith(
             "last" if selection == "last" else "best-epoch=")
     assert "| arm mean (deg), model |" in text and (tmp_path / "cv" / "cv.png").is_file()
+    # the training child's own time, per fold (CPU = user + sys, from its wait4 usage)
+    train_s = result["train_s"]
+    assert len(train_s["cpu"]["folds"]) == 1 and len(train_s["wall"]["folds"]) == 1
+    assert 0 < train_s["cpu"]["folds"][0] and 0 < train_s["wall"]["folds"][0]
+    assert "- training per fold (the `train` child; CPU = user + sys): CPU " in text
     # a finished fold is not run again
     stamp = (tmp_path / "cv" / "fold_0" / "eval_best" / "metrics.json").stat().st_mtime_ns
     run_cv("so101", str(data), out=tmp_path / "cv", max_folds=1, extra_args=recipe)
     assert (tmp_path / "cv" / "fold_0" / "eval_best" / "metrics.json").stat().st_mtime_ns \
         == stamp
+
+
+def test_a_child_reports_its_own_cpu_and_wall_time(tmp_path):
+    """`cv` records each fold's training time from the child's own resource usage: a busy
+    child shows its CPU seconds, a sleeping one shows wall time but next to no CPU."""
+    import sys
+
+    from nactuator.child import run_command
+
+    busy, idle = {}, {}
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
+    assert run_command([sys.executable, "-c", spin], tmp_path / "log", usage=busy) == 0
+    assert run_command([sys.executable, "-c", "import time; time.sleep(0.4)"],
+                       tmp_path / "log", usage=idle) == 0
+    assert busy["cpu_s"] >= 0.4 and busy["wall_s"] >= 0.4
+    assert idle["wall_s"] >= 0.4 and idle["cpu_s"] < 0.3
+    assert run_command([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "log") == 3

@@ -40,6 +40,7 @@ from nactuator.uncertainty import NOMINAL_LEVEL, conformal_scale, cross_fold_cov
 __all__ = ["CVError", "run_cv", "summarize_folds"]
 
 SELECTIONS = ("best", "last")  # always scored; a run's extra ModelCheckpoint families too
+TRAIN_TIME = "train_time.json"  # per fold: the `train` child's wall_s and cpu_s (user + sys)
 
 
 class CVError(UserError, RuntimeError):
@@ -73,8 +74,8 @@ def _selections(fold_dir: Path) -> list[str]:
     return [*SELECTIONS, *sorted(names - set(SELECTIONS))]
 
 
-def _run(args: list[str], log: Path) -> None:
-    code = run_nactuator(args, log)
+def _run(args: list[str], log: Path, usage: dict[str, float | None] | None = None) -> None:
+    code = run_nactuator(args, log, usage=usage)
     if code != 0:
         raise CVError(f"`nactuator {' '.join(args[:4])} ...` failed with exit code {code}; "
                       f"its output is in {log}")
@@ -95,10 +96,12 @@ def _run_fold(platform: str, paths: list[str], folds: int, fold: int, out: Path,
     shutil.rmtree(fold_dir, ignore_errors=True)  # a fold interrupted half-way starts over
     fold_dir.mkdir(parents=True)
     log = fold_dir / "train.log"
+    usage: dict[str, float | None] = {}
     _run(["train", "--platform", platform, "--data", ",".join(paths),
                 f"--data.cv_folds={folds}", f"--data.cv_fold={fold}",
                 f"--trainer.default_root_dir={fold_dir}", "--logger", "csv",
-                "--trainer.enable_progress_bar=false", *extra_args], log)
+                "--trainer.enable_progress_bar=false", *extra_args], log, usage)
+    write_json(fold_dir / TRAIN_TIME, usage)  # the `train` child alone, not its `eval`
     scores = {s: fold_dir / f"eval_{s}" / "metrics.json" for s in _selections(fold_dir)}
     # One `eval` process scores every selection (one start-up and one kernel load per fold).
     _run(["eval", "--ckpt", *(str(_checkpoint(fold_dir, s)) for s in scores),
@@ -108,6 +111,18 @@ def _run_fold(platform: str, paths: list[str], folds: int, fold: int, out: Path,
 
 
 # ------------------------------------------------------------------------ summary
+
+
+def train_times(fold_dirs: Sequence[Path]) -> dict[str, dict[str, Any]]:
+    """Per fold, the ``train`` child's CPU seconds (user + sys: what the training costs on a
+    shared machine) and wall seconds, summarised as :func:`summarize_folds` does; None for a
+    fold trained before this was recorded."""
+    rows = []
+    for fold_dir in fold_dirs:
+        path = fold_dir / TRAIN_TIME
+        usage = json.loads(path.read_text()) if path.is_file() else {}
+        rows.append({"cpu": usage.get("cpu_s"), "wall": usage.get("wall_s")})
+    return summarize_folds(rows)
 
 
 def _arm(values: Sequence[float] | None, arm: Sequence[int], how: str) -> float | None:
@@ -365,10 +380,16 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
             f"(`nactuator calibrate-intervals --ckpt CKPT --scale {pooled['scale']:.3f}`)"
             + ("" if pooled["guarantee"] else "; fewer than 9 episodes: no finite-sample "
                "guarantee"))
+    train_s = train_times([out / f"fold_{f}" for f in chosen])
+    header.append("- training per fold (the `train` child; CPU = user + sys): "
+                  + "; ".join(f"{what} {_fmt(s['mean'], 0)} ± {_fmt(s['sd'], 0)} s "
+                              f"({', '.join(_fmt(v, 0) for v in s['folds'])})"
+                              for what, s in (("CPU", train_s["cpu"]),
+                                              ("wall", train_s["wall"]))))
     text = markdown_summary(summary, header)
     write_json(out / "cv.json", {"platform": name, "data": paths, "folds": k,
                                  "scored_folds": chosen, "extra_args": list(extra_args),
-                                 "backend": backend.describe(),
+                                 "backend": backend.describe(), "train_s": train_s,
                                  "interval_scale_pooled": pooled_scales, "summary": summary})
     write_text(out / "cv.md", text)
     plot_summary(summary, out / "cv.png")
