@@ -226,6 +226,21 @@ def _check_base(platform: Platform, base: np.ndarray) -> np.ndarray:
     return base
 
 
+def _start_sequence(bus: TelemetryBus, guard: _Guard, target: np.ndarray, first: bool,
+                    ramp_s: float, fps: float, settle_s: float, tolerance: float) -> str | None:
+    """Check the arm and the first command, switch torque on (holding where the arm is) if
+    this is the first sequence, and ramp to ``target`` with every step checked; returns the
+    violation that stopped it, or None."""
+    frame = bus.wait_ready()
+    violation = guard.state(frame, positions=False) or guard.command(target)
+    if violation is not None:
+        return violation
+    if first:
+        bus.write_goal(frame.q)  # hold where it is, then torque on
+        bus.set_torque(True)
+    return _checked_ramp(bus, guard, frame.q, target, ramp_s, fps, settle_s, tolerance)
+
+
 def _checked_ramp(bus: TelemetryBus, guard: _Guard, start: np.ndarray, target: np.ndarray,
                   seconds: float, fps: float, settle_s: float, tolerance: float) -> str | None:
     """Move smoothly from ``start`` to ``target`` (no human resets), reading and checking the
@@ -330,14 +345,8 @@ def _collect(p: Platform, port: str, base: np.ndarray, episodes: int, out: Path,
         for ep in range(episodes):
             commands, noisy = noisy_commands(p, base, sigma, probability,
                                              np.random.default_rng([seed, ep]))
-            first = bus.wait_ready()
-            violation = guard.state(first, positions=False) or guard.command(commands[0])
-            if violation is None:
-                if ep == 0:
-                    bus.write_goal(first.q)  # hold where it is, then torque on
-                    bus.set_torque(True)
-                violation = _checked_ramp(bus, guard, first.q, commands[0], ramp_s, fps,
-                                          settle_s, tolerance)
+            violation = _start_sequence(bus, guard, commands[0], ep == 0, ramp_s, fps,
+                                        settle_s, tolerance)
             if violation is not None:
                 bus.torque_off()
                 break
@@ -404,15 +413,9 @@ def replay_sequences(platform: str | Platform, port: str, sequences, limits: Saf
     with sigterm_as_interrupt(), open_bus(p, port, calibration) as bus:
         for i, commands in enumerate(sequences):
             name = labels[i] if labels else f"sequence {i}"
-            first = bus.wait_ready()
-            violation = guard.state(first, positions=False) or guard.command(commands[0])
-            if violation is None:
-                if i == 0:
-                    bus.write_goal(first.q)  # hold where it is, then torque on
-                    bus.set_torque(True)
-                # tolerance 0: hold the first command for the whole settle time
-                violation = _checked_ramp(bus, guard, first.q, commands[0], ramp_s, fps,
-                                          settle_s, 0.0)
+            # tolerance 0: hold the first command for the whole settle time
+            violation = _start_sequence(bus, guard, commands[0], i == 0, ramp_s, fps,
+                                        settle_s, 0.0)
             if violation is None:
                 result, violation = _replay_once(bus, guard, commands, fps, progress, name)
                 results.append(result)
