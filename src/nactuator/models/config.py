@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEPTH_KEY", "WIDTH_KEY", "physics_inputs", "resolve_model_config"]
+__all__ = ["DEPTH_KEY", "WIDTH_KEY", "dynamics_config", "firmware_config", "physics_inputs",
+           "resolve_model_config"]
 
 # Which size name is the "width" and the "depth" of each architecture, so that one sweep
 # axis (model.width / model.depth) means the same thing for every arch.
@@ -51,3 +52,36 @@ def physics_inputs(model_config: dict[str, Any]) -> list[str]:
         return []
     skip = {"initial_temperature"} if physics.get("temperature") is False else set()
     return [k for k in PHYSICS[kind].inputs if k not in skip]
+
+
+def dynamics_config(dynamics: str, arch: str, model_config: dict[str, Any]) -> dict[str, Any]:
+    """``{"dynamics": "next_state"}`` for the joint-wise model's second mode (each joint
+    predicts its own next state), ``{}`` for the default ``torque``; other combinations are
+    refused."""
+    if dynamics not in ("torque", "next_state"):
+        raise ValueError(f"dynamics must be 'torque' or 'next_state', got {dynamics!r}")
+    if dynamics == "torque":
+        return {}
+    if arch != "jointwise":
+        raise ValueError("dynamics: next_state is the joint-wise model's second mode "
+                         f"(each joint predicts its own next state); set arch: "
+                         f"jointwise, not {arch!r}")
+    if "physics" in model_config:
+        raise ValueError("dynamics: next_state predicts the state, not a torque: "
+                         "drop model_sizes.physics")
+    return {"dynamics": "next_state"}
+
+
+def firmware_config(platform: Any, features: list[str],
+                    model_config: dict[str, Any]) -> dict[str, Any]:
+    """``{"firmware": ...}`` from the platform's ``hardware.firmware`` when the model needs
+    the servo's position law (the ``duty`` feature group or a ``physics`` actuator), else {}
+    (counterfactual models, docs/counterfactual.md)."""
+    needs = "duty" in features or "physics" in model_config
+    if not needs or "firmware" in model_config:
+        return {}
+    firmware = platform.hardware.get("firmware")
+    if firmware is None:
+        raise ValueError(f"the model's commanded-duty feature / physics actuator needs the "
+                         f"servo firmware law, but {platform.source} has no hardware.firmware")
+    return {"firmware": dict(firmware)}

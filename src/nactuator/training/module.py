@@ -37,7 +37,7 @@ import torch
 
 from nactuator.models import NeuralActuator, bundle_to_dict
 from nactuator.models.actuator import upgrade_model_config
-from nactuator.models.config import resolve_model_config
+from nactuator.models.config import dynamics_config, firmware_config, resolve_model_config
 from nactuator.models.features import DEFAULT_FEATURES, window_channels
 from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import (
@@ -64,23 +64,7 @@ from nactuator.training.schedule import warmup_cosine
 from nactuator.training.selection import ValidationScore
 
 # Raised by the checkpoint checks; importable from here as before the split.
-__all__ = ["CheckpointMismatchError", "InitFromError", "NeuralActuatorModule",
-           "firmware_config"]
-
-
-def firmware_config(platform: Platform, features: list[str],
-                    model_config: dict[str, Any]) -> dict[str, Any]:
-    """``{"firmware": ...}`` from the platform's ``hardware.firmware`` when the model needs
-    the servo's position law (the ``duty`` feature group or a ``physics`` actuator), else {}
-    (counterfactual models, docs/counterfactual.md)."""
-    needs = "duty" in features or "physics" in model_config
-    if not needs or "firmware" in model_config:
-        return {}
-    firmware = platform.hardware.get("firmware")
-    if firmware is None:
-        raise ValueError(f"the model's commanded-duty feature / physics actuator needs the "
-                         f"servo firmware law, but {platform.source} has no hardware.firmware")
-    return {"firmware": dict(firmware)}
+__all__ = ["CheckpointMismatchError", "InitFromError", "NeuralActuatorModule"]
 
 
 class NeuralActuatorModule(L.LightningModule):
@@ -171,17 +155,7 @@ class NeuralActuatorModule(L.LightningModule):
         self.model_config = resolve_model_config(arch, window_length, width, depth, model_sizes)
         if uncertainty:
             self.model_config["uncertainty"] = True
-        if dynamics not in ("torque", "next_state"):
-            raise ValueError(f"dynamics must be 'torque' or 'next_state', got {dynamics!r}")
-        if dynamics == "next_state":
-            if arch != "jointwise":
-                raise ValueError("dynamics: next_state is the joint-wise model's second mode "
-                                 f"(each joint predicts its own next state); set arch: "
-                                 f"jointwise, not {arch!r}")
-            if "physics" in self.model_config:
-                raise ValueError("dynamics: next_state predicts the state, not a torque: "
-                                 "drop model_sizes.physics")
-            self.model_config["dynamics"] = "next_state"
+        self.model_config.update(dynamics_config(dynamics, arch, self.model_config))
         self.model_config.update(firmware_config(self.platform, self.features,
                                                  self.model_config))
         self.loss_weights = loss if loss is not None else LossWeights()
