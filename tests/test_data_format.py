@@ -88,7 +88,8 @@ def test_layout_is_lerobot_v3(tmp_path):
     assert state["dtype"] == "float32" and state["shape"] == [6]
     assert state["names"] == SO101.channel_names and state["unit"] == ["rad"] * 6
     assert info["features"]["observation.effort"]["unit"][0] == "fraction of max torque"
-    assert set(fmt.FEATURES[k].name for k in fmt.FEATURES) <= set(info["features"])
+    assert set(fmt.FEATURES[k].name for k in fmt.FEATURES
+               if k not in fmt.DECLARED_KEYS) <= set(info["features"])
 
     data = pq.read_table(root / "data" / "chunk-000" / "file-000.parquet")
     assert data.column("index").to_pylist() == list(range(27))
@@ -275,3 +276,45 @@ def test_info_says_unknown_for_a_payload_nobody_gave(tmp_path):
     assert "carry: 2 episodes (train 2), payload unknown" in text
     assert "lift: 2 episodes (train 2), payload 0.2 kg, unknown for 1 episode(s)" in text
     assert "nan" not in text.split("features")[0]
+
+
+def test_declared_columns_live_only_in_datasets_that_declare_them(tmp_path):
+    """observation.environment_state is a LeRobot policy input: a dataset that does not
+    declare it has no such column, no feature, no stats (a NaN column would poison ACT);
+    one that declares it round-trips it; the mixes are refused naming the key."""
+    plain, declared = tmp_path / "plain", tmp_path / "declared"
+    with DatasetWriter(plain, OMX, OMX.fps) as w:
+        w.add_episode(make_frames(12, 5, 0), "a", "train")
+    env = np.random.default_rng(1).normal(size=(12, 4))
+    with DatasetWriter(declared, OMX, OMX.fps, declared=("environment_state",)) as w:
+        w.add_episode(make_frames(12, 5, 0, environment_state=env), "a", "train")
+        w.add_episode(make_frames(12, 5, 2), "a", "train")  # not given: NaN, as any optional
+
+    info = json.loads((plain / "meta" / "info.json").read_text())
+    stats = json.loads((plain / "meta" / "stats.json").read_text())
+    columns = pq.read_schema(next((plain / "data").rglob("*.parquet"))).names
+    assert "observation.environment_state" not in info["features"]
+    assert "observation.environment_state" not in stats
+    assert "observation.environment_state" not in columns
+    assert np.isnan(read_dataset(plain).episodes[0].frames["environment_state"]).all()
+
+    ds = read_dataset(declared)
+    np.testing.assert_allclose(ds.episodes[0].frames["environment_state"], env, atol=1e-6)
+    assert np.isnan(ds.episodes[1].frames["environment_state"]).all()
+    s = ds.stats["observation.environment_state"]
+    np.testing.assert_allclose(s["mean"], env.mean(0), atol=1e-5)
+    assert s["count"] == [12] * 4
+
+    with pytest.raises(DataFormatError, match="'environment_state'.*not declared"):
+        with DatasetWriter(plain, OMX, OMX.fps) as w:
+            w.add_episode(make_frames(12, 5, 3, environment_state=env), "a", "train")
+    with pytest.raises(DataFormatError, match="does not declare.*environment_state"):
+        DatasetWriter(plain, OMX, OMX.fps, declared=("environment_state",))
+    with pytest.raises(DataFormatError, match="cannot declare.*'pwm'"):
+        DatasetWriter(tmp_path / "x", OMX, OMX.fps, declared=("pwm",))
+    # an append by a writer that knows nothing of it keeps the column (NaN) and the stats
+    with DatasetWriter(declared, OMX, OMX.fps) as w:
+        w.add_episode(make_frames(7, 5, 4), "b", "train")
+    again = read_dataset(declared)
+    assert [e.length for e in again.episodes] == [12, 12, 7]
+    assert again.stats["observation.environment_state"]["count"] == [12] * 4

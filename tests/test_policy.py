@@ -156,7 +156,8 @@ def test_demo_episodes_are_written_as_a_nactuator_dataset(tmp_path) -> None:
     frames = {k: rng.normal(size=(T, E, n)) for k in ("q_cmd", "q", "qd", "effort")}
     frames.update(voltage=np.full((T, E, n), 12.0), temperature=np.full((T, E, n), 30.0),
                   current=np.full((T, E, n), np.nan), torque_enable=np.ones((T, E, n)),
-                  force=np.zeros((T, E, 3)), attached=np.zeros((T, E), bool))
+                  force=np.zeros((T, E, 3)), attached=np.zeros((T, E), bool),
+                  environment_state=rng.normal(size=(T, E, 4)))
     frames["attached"][2:, 1] = True
     frames["force"][2:, 1, 2] = -0.2 * 9.81
     ok = np.array([True, False])
@@ -167,4 +168,37 @@ def test_demo_episodes_are_written_as_a_nactuator_dataset(tmp_path) -> None:
     ep = ds.episodes[1]
     np.testing.assert_allclose(ep.frames["q_cmd"], frames["q_cmd"][:, 1], atol=1e-6)
     np.testing.assert_allclose(ep.frames["payload_mass"], [0, 0, 0.2, 0.2, 0.2], atol=1e-7)
+    np.testing.assert_allclose(ep.frames["environment_state"],
+                               frames["environment_state"][:, 1], atol=1e-6)
     assert ep.task == "lift_hold_200g" and ep.meta["success"] is False
+    # LeRobot reads the column by its info.json feature (ACT takes it as env-state input)
+    feat = ds.info["features"]["observation.environment_state"]
+    assert feat["shape"] == [4] and feat["names"][3] == "contact_gate"
+
+
+def test_demo_environment_state_is_the_actuator_estimate_infer_gives(tmp_path) -> None:
+    """observation.environment_state[k] is the frozen model's [f̂, gate] of frame k - 1: what
+    `nactuator infer` computes from the stored telemetry with the same checkpoint."""
+    import pandas as pd
+
+    from nactuator.data import read_dataset
+    from nactuator.eval.infer import infer
+    from nactuator.policy.demos import make_demos
+
+    cfg = load_config(actuator="pretrained/so101")
+    cfg["demos"].update(payloads_g=[300], episodes=2)
+    for task in cfg["tasks"].values():
+        task["seconds"] = 1.0
+    make_demos(cfg, tmp_path / "demos")
+    ds = read_dataset(tmp_path / "demos" / "dataset")
+    infer("pretrained/so101", tmp_path / "demos" / "dataset", out=tmp_path / "infer.csv",
+          force_only=True)
+    csv = pd.read_csv(tmp_path / "infer.csv")
+    assert len(ds.episodes) == 4
+    for ep in ds.episodes:
+        env = ep.frames["environment_state"]
+        rows = csv[csv.episode == ep.index].sort_values("frame")
+        expect = rows[["fx", "fy", "fz", "gate"]].to_numpy()
+        np.testing.assert_array_equal(env[0], 0.0)  # nothing estimated before frame 0
+        np.testing.assert_allclose(env[1:], expect[:-1], atol=2e-4)
+        assert np.abs(env[1:, :3]).max() > 0.05  # a real estimate, not a constant

@@ -5,6 +5,10 @@ of dataset a user brings to LeRobot and, beside each, what our own reader sees i
   leader, hidden-world follower) on the real Feetech wire protocol, through
   ``nactuator.hardware.recorder.record`` -- what ``nactuator record`` writes.
 - ``OUT/so101-nad``: the NAD SO-101 CSVs imported with ``nactuator data import-nad``.
+- ``OUT/policy-demos``: ``nactuator policy demos``' dataset (a short run of the scripted
+  expert in the hidden world with the shipped SO-101 actuator), whose
+  ``observation.environment_state`` is the frozen model's [f̂, gate] ACT reads as its
+  environment state.
 - ``OUT/<name>.reference.npz``: ``read_dataset``'s frames (action, state, velocity, effort),
   episode lengths and recorded fps, so the LeRobot half (``open_with_lerobot.py``, run in
   .venv-lerobot) checks LeRobot's values against ours rather than against themselves.
@@ -55,12 +59,27 @@ def import_nad(src: Path, out: Path) -> None:
                     "--out", str(out)], check=True)
 
 
+def write_policy_demos(out: Path) -> None:
+    """Two payloads x two episodes x 3 s of each task: longer than ACT's chunk."""
+    from nactuator.policy.config import load_config
+    from nactuator.policy.demos import make_demos
+
+    cfg = load_config(actuator="pretrained/so101")
+    cfg["demos"].update(payloads_g=[200, 500], episodes=2)
+    for task in cfg["tasks"].values():
+        task["seconds"] = 3.0
+    make_demos(cfg, out.parent / "policy-demos-run")
+    shutil.move(out.parent / "policy-demos-run" / "dataset", out)
+
+
 def write_reference(dataset: Path) -> None:
     ds = read_dataset(dataset)
+    declared = {"observation.environment_state": ds.frames["environment_state"]} \
+        if "observation.environment_state" in ds.info["features"] else {}
     np.savez(dataset.with_suffix(".reference.npz"), fps=ds.fps, lengths=ds.lengths,
              **{"action": ds.frames["q_cmd"], "observation.state": ds.frames["q"],
                 "observation.velocity": ds.frames["qd"],
-                "observation.effort": ds.frames["effort"]})
+                "observation.effort": ds.frames["effort"]}, **declared)
     print(f"{dataset}: {len(ds.episodes)} episodes, {len(ds.frames['q'])} frames, "
           f"{ds.fps:g} Hz (our reader)")
 
@@ -72,7 +91,8 @@ def main(argv: list[str]) -> None:
     out.mkdir(parents=True)
     write_recording(out / "recorded")
     import_nad(nad, out / "so101-nad")
-    for name in ("recorded", "so101-nad"):
+    write_policy_demos(out / "policy-demos")
+    for name in ("recorded", "so101-nad", "policy-demos"):
         write_reference(out / name)
 
 

@@ -10,9 +10,10 @@ nactuator). For each dataset ``make_datasets.py`` wrote, with LeRobot's own code
    (``delta_timestamps`` from ``resolve_delta_timestamps``) has the shapes ACT expects and
    pads past each episode's end;
 4. one state-only ACT training step (``lerobot.policies.act``): the joint state as
-   ``observation.state`` and the telemetry (velocity, effort) as
-   ``observation.environment_state``, normalised by LeRobot's processor with the
-   dataset's ``meta/stats.json``; the loss is finite and the optimiser changes the weights.
+   ``observation.state`` and, as ``observation.environment_state``, the dataset's own
+   column where it has one (``policy demos``: the frozen actuator's [f̂, gate]), else the
+   telemetry (velocity, effort), normalised by LeRobot's processor with the dataset's
+   ``meta/stats.json``; the loss is finite and the optimiser changes the weights.
 
 Then the LeRobot tools our docs send users to answer ``--help`` here, and
 ``lerobot-dataset-viz`` saves a Rerun recording of the recorded dataset's first episode.
@@ -37,7 +38,7 @@ from lerobot.policies.act.configuration_act import ACTConfig
 from lerobot.policies.act.modeling_act import ACTPolicy
 from lerobot.policies.act.processor_act import make_act_pre_post_processors
 
-DATASETS = ("recorded", "so101-nad")
+DATASETS = ("recorded", "so101-nad", "policy-demos")
 TELEMETRY = ("observation.velocity", "observation.effort")  # ACT's environment state
 ENV_STATE = "observation.environment_state"
 CHUNK = 20  # ACT action chunk (frames); shorter than every episode
@@ -56,9 +57,15 @@ def check(ok: bool, what: str) -> None:
         raise CheckFailed(what)
 
 
+def own_env_state(meta) -> bool:
+    """The dataset stores ``observation.environment_state`` itself (policy demos)."""
+    return ENV_STATE in meta.features
+
+
 def act_config(ds: LeRobotDataset) -> ACTConfig:
     n = ds.meta.shapes["observation.state"][0]
-    env_dim = sum(ds.meta.shapes[k][0] for k in TELEMETRY)
+    env_dim = ds.meta.shapes[ENV_STATE][0] if own_env_state(ds.meta) else \
+        sum(ds.meta.shapes[k][0] for k in TELEMETRY)
     return ACTConfig(
         input_features={
             "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(n,)),
@@ -93,13 +100,16 @@ def check_dataset(root: Path) -> str:
     check(len(ds) == int(ref["lengths"].sum()), f"{len(ds)} frames, ours {ref['lengths'].sum()}")
     lengths = [int(e["dataset_to_index"] - e["dataset_from_index"]) for e in meta.episodes]
     check(lengths == ref["lengths"].tolist(), f"episode lengths {lengths} differ from ours")
-    for key in ("action", "observation.state", *TELEMETRY):
+    keys = ("action", "observation.state", *TELEMETRY, *[k for k in (ENV_STATE,) if k in ref])
+    check(own_env_state(meta) == (ENV_STATE in ref), f"{ENV_STATE}: LeRobot and we disagree "
+          "on whether the dataset has it")
+    for key in keys:
         check(meta.features[key]["dtype"] == "float32", f"{key} dtype")
         check(tuple(meta.shapes[key]) == ref[key].shape[1:], f"{key} shape {meta.shapes[key]}")
 
     # 2. values: LeRobot's frames are our frames
     hf = ds.hf_dataset.with_format("numpy")
-    for key in ("action", "observation.state", *TELEMETRY):
+    for key in keys:
         theirs = np.stack(hf[key]).astype(np.float32)
         check(np.array_equal(theirs, ref[key], equal_nan=True),
               f"{key}: LeRobot's values differ from our reader's "
@@ -120,18 +130,19 @@ def check_dataset(root: Path) -> str:
     last = chunked[lengths[0] - 1]  # the first episode's last frame: the chunk runs past it
     check(bool(last["action_is_pad"][1:].all()) and not bool(last["action_is_pad"][0]),
           "action_is_pad past the episode's end")
-    for key in ("action", "observation.state", *TELEMETRY):
+    for key in keys:
         check(bool(torch.isfinite(batch[key]).all()), f"{key}: NaN in the batch")
 
     # 4. one state-only ACT training step
     torch.manual_seed(0)
     policy = ACTPolicy(config)
-    stats = {**meta.stats, ENV_STATE: env_state_stats(meta.stats)}
+    own = own_env_state(meta)
+    stats = meta.stats if own else {**meta.stats, ENV_STATE: env_state_stats(meta.stats)}
     preprocess, _ = make_act_pre_post_processors(config, dataset_stats=stats)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)
     before = [p.detach().clone() for p in policy.parameters()]
     policy.train()
-    loss, parts = policy.forward(preprocess(with_env_state(batch)))
+    loss, parts = policy.forward(preprocess(batch if own else with_env_state(batch)))
     loss.backward()
     optimizer.step()
     check(bool(torch.isfinite(loss)), f"ACT loss {loss.item()}")

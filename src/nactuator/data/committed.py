@@ -29,6 +29,7 @@ from nactuator.data.schema import (
     CHUNKS_SIZE,
     CODEBASE_VERSION,
     DATA_PATH,
+    DECLARED_KEYS,
     EPISODES_PATH,
     FEATURES,
     FORMAT_TAG,
@@ -308,7 +309,7 @@ def read_frames(root: Path, rows: list[dict], n: int) -> dict[str, np.ndarray]:
                 f"(episodes {file_rows[0]['episode_index']}..{file_rows[-1]['episode_index']})"
             )
         for key, spec in FEATURES.items():
-            if key in LATER_OPTIONAL_KEYS and spec.name not in table.column_names:
+            if key in LATER_OPTIONAL_KEYS + DECLARED_KEYS and spec.name not in table.column_names:
                 shape = (table.num_rows,) if spec.width == "1" else \
                     (table.num_rows, feature_width(spec, n))
                 parts[key].append(np.full(shape, spec.default, np.float32))

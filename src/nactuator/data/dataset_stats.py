@@ -16,7 +16,7 @@ import numpy as np
 
 from nactuator.atomic import json_safe
 from nactuator.data.committed import json_bytes, read_frames
-from nactuator.data.schema import FEATURES
+from nactuator.data.schema import DECLARED_KEYS, FEATURES, declared_keys
 
 __all__ = ["EMPTY_CHANNEL", "add_frames", "committed_stats_bytes", "stats_bytes", "stats_from_json"]
 
@@ -50,9 +50,9 @@ def _merge_partial(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[s
 
 
 def _stats_of(frames: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
-    """Partial statistics of every feature over a block of frames (canonical keys)."""
+    """Partial statistics of every feature in a block of frames (canonical keys)."""
     return {name: _partial_stats(frames[key].reshape(frames[key].shape[0], -1))
-            for key, name in _STAT_NAMES.items()}
+            for key, name in _STAT_NAMES.items() if key in frames}
 
 
 def add_frames(stats: dict[str, dict[str, np.ndarray]],
@@ -113,4 +113,5 @@ def committed_stats_bytes(root: Path, info: dict, rows: list[dict],
         return json_bytes({})
     if frames is None:
         frames = read_frames(root, rows, len(info["nactuator"]["channels"]))
-    return stats_bytes(_stats_of(frames))
+    undeclared = set(DECLARED_KEYS) - set(declared_keys(info))
+    return stats_bytes(_stats_of({k: v for k, v in frames.items() if k not in undeclared}))

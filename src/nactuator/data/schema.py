@@ -20,6 +20,7 @@ from nactuator.platforms import Platform
 __all__ = [
     "CHUNKS_SIZE",
     "CODEBASE_VERSION",
+    "DECLARED_KEYS",
     "DATA_FILE_SIZE_IN_MB",
     "DATA_PATH",
     "EPISODES_PATH",
@@ -33,6 +34,7 @@ __all__ = [
     "Dataset",
     "Episode",
     "FeatureSpec",
+    "declared_keys",
     "feature_schema",
     "feature_width",
     "nominal_fps",
@@ -66,6 +68,7 @@ class FeatureSpec:
     required: bool
     default: float  # fill value when an optional key is not given
     unit: str  # unit description ("joint" = rad / m by channel kind)
+    names: tuple[str, ...] | None = None  # entry names of a fixed-width vector (info.json)
 
 
 # Canonical key -> on-disk feature. Order here is the column order in the data files.
@@ -89,10 +92,20 @@ FEATURES: dict[str, FeatureSpec] = {
     "contact_link": FeatureSpec("observation.contact_link", "1", False, math.nan, "1"),
     "contact_point": FeatureSpec("observation.contact_point", "3", False, math.nan, "m"),
     "contact_force": FeatureSpec("observation.contact_force", "3", False, math.nan, "N"),
+    # What a policy observed besides the joints (issue 19; docs/policy.md): the frozen
+    # actuator model's causal force estimate and contact gate, one control period old.
+    "environment_state": FeatureSpec("observation.environment_state", "4", False, math.nan,
+                                     "N, N, N, 1",
+                                     names=("force_x", "force_y", "force_z", "contact_gate")),
 }
 # Optional columns added after datasets were written without them: a reader fills them with
 # their default when a data file lacks the column (older datasets still read).
 LATER_OPTIONAL_KEYS = ("contact_link", "contact_point", "contact_force")
+# Columns only a dataset that declares them holds (``DatasetWriter(declared=...)``); a reader
+# fills them with their default elsewhere. LeRobot policies (ACT, Diffusion) take
+# ``observation.environment_state`` as an input whenever the dataset has it, so a NaN column
+# in every recording would poison them.
+DECLARED_KEYS = ("environment_state",)
 REQUIRED_KEYS = tuple(k for k, s in FEATURES.items() if s.required)
 _EFFORT_SIGNAL_UNITS = {"current": "A", "load": "fraction of max torque", "torque": None,
                         "pwm": "duty"}
@@ -100,7 +113,7 @@ _EFFORT_SIGNAL_UNITS = {"current": "A", "load": "fraction of max torque", "torqu
 
 def feature_width(spec: FeatureSpec, n: int) -> int:
     """Values per frame of a feature on a platform with ``n`` channels."""
-    return {"n": n, "3": 3, "1": 1}[spec.width]
+    return n if spec.width == "n" else int(spec.width)
 
 
 def _channel_units(spec: FeatureSpec, platform: Platform) -> list[str] | str:
@@ -119,8 +132,13 @@ def _channel_units(spec: FeatureSpec, platform: Platform) -> list[str] | str:
     return units
 
 
-def feature_schema(platform: Platform) -> dict[str, dict]:
-    """The info.json ``features`` block (LeRobot style, plus our ``unit`` and ``key``)."""
+def feature_schema(platform: Platform, declared: tuple[str, ...] = ()) -> dict[str, dict]:
+    """The info.json ``features`` block (LeRobot style, plus our ``unit`` and ``key``);
+    of :data:`DECLARED_KEYS`, only those in ``declared``."""
+    unknown = sorted(set(declared) - set(DECLARED_KEYS))
+    if unknown:
+        raise DataFormatError(f"cannot declare {unknown}: only {list(DECLARED_KEYS)} are "
+                              "declared per dataset")
     features: dict[str, dict] = {
         "timestamp": {"dtype": "float32", "shape": [1], "names": None, "unit": "s"},
         "frame_index": {"dtype": "int64", "shape": [1], "names": None},
@@ -129,8 +147,12 @@ def feature_schema(platform: Platform) -> dict[str, dict]:
         "task_index": {"dtype": "int64", "shape": [1], "names": None},
     }
     for key, spec in FEATURES.items():
+        if key in DECLARED_KEYS and key not in declared:
+            continue
         if spec.width == "n":
             shape, names = [platform.n], platform.channel_names
+        elif spec.names is not None:
+            shape, names = [len(spec.names)], list(spec.names)
         elif spec.width == "3":
             shape, names = [3], ["x", "y", "z"]
         else:
@@ -143,6 +165,11 @@ def feature_schema(platform: Platform) -> dict[str, dict]:
             "key": key,
         }
     return features
+
+
+def declared_keys(info: dict) -> tuple[str, ...]:
+    """The :data:`DECLARED_KEYS` a dataset's ``info.json`` declares."""
+    return tuple(k for k in DECLARED_KEYS if FEATURES[k].name in info["features"])
 
 
 @dataclass

@@ -51,12 +51,14 @@ from nactuator.data.schema import (
     CODEBASE_VERSION,
     DATA_FILE_SIZE_IN_MB,
     DATA_PATH,
+    DECLARED_KEYS,
     EPISODES_PATH,
     FEATURES,
     FORMAT_TAG,
     PRIVATE_DIR,
     SPLITS,
     DataFormatError,
+    declared_keys,
     feature_schema,
     nominal_fps,
 )
@@ -114,6 +116,7 @@ class DatasetWriter:
         platform: Platform,
         fps: float,
         metadata: dict | None = None,
+        declared: tuple[str, ...] = (),
     ) -> None:
         self.root = Path(root)
         self.platform = platform
@@ -122,7 +125,8 @@ class DatasetWriter:
             raise DataFormatError(f"{self.root}: fps must be a positive number, got {fps!r}")
         self.recovered: list[tuple[int, int]] = []  # (episode_index, frames) from journals
         self._metadata = metadata
-        self._features = feature_schema(platform)
+        self._declared = tuple(declared)
+        self._features = feature_schema(platform, self._declared)
         self._pending: list[_PendingEpisode] = []
         self._pending_bytes = 0
         self._journals: list[EpisodeJournal] = []  # begun, not yet added
@@ -130,7 +134,16 @@ class DatasetWriter:
         self._metas: list[dict] | None = []  # episode_meta of committed episodes (lazy)
         self._closed = False
         if (self.root / "meta" / "info.json").exists():
-            self._check_compatible(load_info(self.root))  # before locking: refuse cheaply
+            info = load_info(self.root)
+            self._check_compatible(info)  # before locking: refuse cheaply
+            theirs = declared_keys(info)
+            missing = sorted(set(self._declared) - set(theirs))
+            if missing:
+                raise DataFormatError(
+                    f"{self.root}: the dataset does not declare {missing} "
+                    f"(it declares {list(theirs)}); write these episodes to a new dataset")
+            self._declared = theirs  # appended episodes without them get the default
+            self._features = feature_schema(platform, theirs)
             self._exists = True
             self._acquire()
         else:
@@ -203,6 +216,12 @@ class DatasetWriter:
         """
         where = self._where()
         meta = check_labels(task, split, episode_meta, where)
+        # values, not the key: a journal hands back every key, NaN where nothing was given
+        undeclared = sorted(k for k in frames if k in DECLARED_KEYS and k not in self._declared
+                            and not np.isnan(np.asarray(frames[k], dtype=np.float64)).all())
+        if undeclared:
+            raise DataFormatError(f"{where}: frame keys {undeclared} are not declared by this "
+                                  "dataset; create it with DatasetWriter(declared=...)")
         return validate_frames(frames, self.platform, self.fps, where), meta
 
     def _where(self) -> str:
@@ -449,7 +468,8 @@ class DatasetWriter:
 
         task_index = dict(self._tasks)
         columns: dict[str, list[np.ndarray]] = {c: [] for c in _INDEX_COLUMNS}
-        columns.update({spec.name: [] for spec in FEATURES.values()})
+        stored = {k: spec for k, spec in FEATURES.items() if spec.name in self._features}
+        columns.update({spec.name: [] for spec in stored.values()})
         rows: list[dict] = []
         frame = self._next_frame
         for ep in self._pending:
@@ -460,7 +480,7 @@ class DatasetWriter:
             columns["episode_index"].append(np.full(length, ep.index, dtype=np.int64))
             columns["index"].append(np.arange(frame, frame + length, dtype=np.int64))
             columns["task_index"].append(np.full(length, tidx, dtype=np.int64))
-            for key, spec in FEATURES.items():
+            for key, spec in stored.items():
                 columns[spec.name].append(ep.frames[key])
             rows.append(self._episode_row(ep, length, frame, chunk, fidx, e_chunk, e_fidx))
             frame += length
@@ -495,7 +515,8 @@ class DatasetWriter:
         _publish(staged_eps, ep_path)
 
         new_frames = {key: np.concatenate([ep.frames[key] for ep in self._pending])
-                      for key in self._pending[0].frames}
+                      for key in self._pending[0].frames
+                      if key not in FEATURES or key in stored}
         self._tasks, self._stats = task_index, add_frames(self._stats, new_frames)
         self._next_frame = frame
         self._next_data_file += 1

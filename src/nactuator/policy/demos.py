@@ -4,8 +4,10 @@ model running on every frame as it will at evaluation.
 ``make_demos`` writes two things under ``out``:
 
 - ``dataset/``: a nactuator dataset (LeRobot v3.0 layout, :class:`nactuator.data.DatasetWriter`)
-  with ``action`` = the commanded joints, the telemetry, ``observation.ee_force`` = the true
-  payload force and ``observation.payload_mass``, one task string per (task, payload);
+  with ``action`` = the commanded joints, the telemetry, ``observation.environment_state`` =
+  the frozen model's [f̂, gate] the policy saw at that frame (one control period old, as in
+  ``sensing``), ``observation.ee_force`` = the true payload force and
+  ``observation.payload_mass``, one task string per (task, payload);
 - ``demos.npz``: per task, the policy features of every condition (``sensing``) and the
   command offsets, (T, episodes, ·), the arrays ``policy fit`` trains on.
 """
@@ -76,6 +78,7 @@ def make_demos(config: Mapping, out: str | Path) -> str:
         rec = Recorder(ScriptedExpert(tw, seeds, secs, config["expert"], rng),
                        ForceSensor(actuator, meta, len(seeds), p.n))
         log = tw.run(rec, secs, tw.start_pose(seeds), after_step=rec.after_step)
+        log.frames["environment_state"] = np.stack(rec.estimates)  # (T, episodes, 4)
         logs.append((task, g, log))
         for c in CONDITIONS:
             arrays.setdefault(f"{task}/{c}", []).append(np.stack(rec.features[c]))
@@ -97,13 +100,14 @@ def make_demos(config: Mapping, out: str | Path) -> str:
 def _write_dataset(root: Path, platform, logs) -> None:
     if root.exists():
         shutil.rmtree(root)
-    with DatasetWriter(root, platform, fps=platform.fps,
+    with DatasetWriter(root, platform, fps=platform.fps, declared=("environment_state",),
                        metadata={"source": "nactuator policy demos", "synthetic": True}) as w:
         for task, g, log in logs:
             f = log.frames
             for e in range(f["q"].shape[1]):
                 frames = {k: f[k][:, e] for k in ("q_cmd", "q", "qd", "effort", "voltage",
-                                                   "temperature", "current", "torque_enable")}
+                                                   "temperature", "current", "torque_enable",
+                                                   "environment_state")}
                 frames["force"] = f["force"][:, e]
                 frames["payload_mass"] = np.where(f["attached"][:, e], g / 1000.0, 0.0)
                 w.add_episode(frames, task=f"{task}_{g}g", split="train",
