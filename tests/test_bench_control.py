@@ -59,3 +59,38 @@ def test_bench_jacobian_scores_kinematic_and_model(tmp_path, capsys):
             assert cell == f"{values.mean():.2f} ({values.max():.2f})"
         ratio = np.mean([r["world_over_kinematic"] for r in sel])
         assert np.isfinite(ratio) and ratio > 0 and printed[3] == f"{ratio:.2f}"
+
+
+def test_bench_track_seeds_summarises_the_spread_over_seeds(tmp_path, capsys):
+    """Mean, sample sd and range per (method, payload) over the seeds' track.json files,
+    recomputed here with numpy; errors in px when every report had a camera."""
+    rng = np.random.default_rng(0)
+    files, rms = [], {}
+    for seed in range(3):
+        runs = []
+        for method in ("kinematic", "field"):
+            r = float(rng.uniform(0.4, 1.0))
+            rms.setdefault(method, []).append(r)
+            runs.append({"method": method, "payload_g": 200.0, "metrics": {
+                "rms_px": r, "max_px": 2 * r, "final_px": r / 2, "settling_s": 0.1 * seed,
+                "decide_p50_ms": 3.0, "stop": "settled"}})
+        path = tmp_path / f"s{seed}.json"
+        path.write_text(json.dumps({"path": "circle_px.csv", "camera": "cam.yaml",
+                                    "seed": seed, "runs": runs}))
+        files.append(str(path))
+    bench_main("track_seeds")(files + ["--out", str(tmp_path / "seeds.json")])
+    out = capsys.readouterr().out
+    assert out.startswith("errors in px"), out
+    for method in ("kinematic", "field"):
+        (row,) = table_rows(out, method)
+        v = np.array(rms[method])
+        assert row[1:3] == ["200", "3"]
+        assert row[3] == (f"{v.mean():.2f} ± {v.std(ddof=1):.2f} ({v.min():.2f}–"
+                          f"{v.max():.2f})"), row
+    saved = json.loads((tmp_path / "seeds.json").read_text())
+    assert saved[0]["seeds"] == [0, 1, 2]
+    assert saved[0]["settling_s"]["max"] == pytest.approx(0.2)
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"path": "circle.csv", "seed": 9, "runs": []}))
+    with pytest.raises(SystemExit, match="different paths"):
+        bench_main("track_seeds")([files[0], str(bad)])

@@ -364,7 +364,7 @@ def _track(a: argparse.Namespace) -> int:
     print(track(a.path, ckpt=a.ckpt, platform=a.platform, methods=tuple(a.method),
                 payloads_g=tuple(a.payload_g), port=a.port, relative=a.relative, out=a.out,
                 config=a.config, world=a.world, seed=a.seed, track_noise=a.track_noise,
-                calibration=a.calibration, field=a.field))
+                calibration=a.calibration, field=a.field, camera=a.camera))
     return 0
 
 
@@ -967,11 +967,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--episodes", type=int, default=1, help="episodes to run, one after another")
     s.set_defaults(func=_policy_run)
 
-    s = sub.add_parser("track", help="move the end-effector along a 3-D path by damped least "
-                       "squares on dx/du (kinematic or actuator-aware), in the hidden world "
-                       "or on a servo bus")
+    s = sub.add_parser("track", help="move the end-effector along a 3-D or image path by "
+                       "damped least squares on dx/du (kinematic, actuator-aware or a learned "
+                       "field), in the hidden world or on a servo bus")
     s.add_argument("--path", required=True,
-                   help="CSV with columns time, x, y, z (s; m, base frame)")
+                   help="CSV with columns time, x, y, z (s; m, base frame), or time, u, v "
+                        "(s; px of --camera: tracked in the image)")
+    s.add_argument("--camera", default=None,
+                   help="a camera file (conf/vision/cameras/NAME.yaml, or NAME): needed by a "
+                        "pixel path; with a 3-D path the errors are also reported in pixels")
     s.add_argument("--ckpt", default=None, help="a counterfactual checkpoint (needed by "
                    "--method actuator; " + CKPT_HELP + ")")
     s.add_argument("--platform", default=None, help=PLATFORM_HELP + " (default: the "

@@ -26,6 +26,13 @@ Three Jacobians (:mod:`nactuator.control.jacobian`, :mod:`nactuator.control.fiel
 * ``field``: a Jacobian field J_θ(q) fitted to the world's point tracks under random
   command perturbations (the seed's self-supervised recipe); ``x̂`` = the observed point.
 
+In the image (:mod:`.image`, ``--camera`` with a pixel path ``time, u, v``): ``e`` is the
+target pixel minus the camera's projection of ``x̂``, and each method's J becomes
+d(pixel)/du = d(project)/dx · dx/du by the chain rule (the projection's Jacobian at the
+point dx/du was taken at); ``damping_px``, ``dead_zone_px`` and ``settle_tol_px`` replace
+their metre counterparts. Two pixel coordinates leave three of five joints free: the
+null-space pull keeps the posture (and so the depth along the camera ray) near the start.
+
 The stop rule: after the path's last point, the run ends ``settled`` once the error stayed
 under ``settle_tol`` for ``settle_ticks`` ticks, else ``timeout`` after ``extra_s``.
 
@@ -53,7 +60,7 @@ from .jacobian import ActuatorJacobian, Points, kinematic_jacobian
 from .plants import Observation
 
 __all__ = ["METHODS", "PathError", "TrackResult", "TrackSettings", "Tracker", "dls_step",
-           "read_path", "run_tracking", "write_path"]
+           "read_path", "read_table", "run_tracking", "write_path"]
 
 METHODS = ("kinematic", "actuator", "field")
 
@@ -81,12 +88,16 @@ class TrackSettings:
     extra_s: float = 2.0            # s after the path's end before "timeout"
     joints: list[int] = field(default_factory=list)  # controlled joints ([] = all non-gripper)
     null_gain: float = 0.1          # per tick, toward the start pose in J's null space
+    # The same three in pixels, for a loop that tracks in the image (--camera, pixel path).
+    damping_px: float = 5.0         # λ [px/rad]
+    dead_zone_px: float = 0.1       # px
+    settle_tol_px: float = 0.7      # px
 
 
-def read_path(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """A target path CSV -> times (T,) [s] and points (T, 3) [m, base frame].
-
-    Columns ``time``, ``x``, ``y``, ``z``; times start anywhere and strictly increase."""
+def read_table(path: str | os.PathLike, columns: tuple[str, ...], expected: str
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """A target path CSV with ``time`` and ``columns`` -> times (T,) from 0 and the values
+    (T, len(columns)); ``expected`` names the format in the missing-column error."""
     path = Path(path)
     if not path.is_file():
         raise PathError(f"path file {path} does not exist")
@@ -94,21 +105,29 @@ def read_path(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
         table = pd.read_csv(path)
     except (ValueError, pd.errors.ParserError) as err:
         raise PathError(f"{path}: not a CSV file ({err})") from err
-    missing = [c for c in ("time", "x", "y", "z") if c not in table.columns]
+    missing = [c for c in ("time", *columns) if c not in table.columns]
     if missing:
-        raise PathError(f"{path}: missing column(s) {missing}; expected time, x, y, z "
-                        "(s, m in the base frame)")
+        raise PathError(f"{path}: missing column(s) {missing}; expected {expected}")
     if len(table) < 2:
         raise PathError(f"{path}: {len(table)} row(s); a path needs at least 2")
     t = table["time"].to_numpy(np.float64)
-    x = table[["x", "y", "z"]].to_numpy(np.float64)
+    x = table[list(columns)].to_numpy(np.float64)
     bad = np.argwhere(~np.isfinite(np.column_stack([t, x])))
     if len(bad):
-        raise PathError(f"{path}: non-finite value in data row {int(bad[0, 0]) + 1}")
+        raise PathError(f"{path}: non-finite value in data row {int(bad[0, 0]) + 1}, column "
+                        f"{('time', *columns)[int(bad[0, 1])]!r}")
     if (np.diff(t) <= 0).any():
         row = int(np.argmax(np.diff(t) <= 0)) + 2
         raise PathError(f"{path}: 'time' must strictly increase (data row {row})")
     return t - t[0], x
+
+
+def read_path(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """A target path CSV -> times (T,) [s] and points (T, 3) [m, base frame].
+
+    Columns ``time``, ``x``, ``y``, ``z``; times start anywhere and strictly increase. (The
+    image-space format, ``time, u, v`` in pixels: :func:`.image.read_pixel_path`.)"""
+    return read_table(path, ("x", "y", "z"), "time, x, y, z (s, m in the base frame)")
 
 
 def write_path(path: str | os.PathLike, t: np.ndarray, x: np.ndarray) -> Path:
@@ -123,7 +142,7 @@ def write_path(path: str | os.PathLike, t: np.ndarray, x: np.ndarray) -> Path:
 
 def target_at(times: np.ndarray, points: np.ndarray, t: float) -> np.ndarray:
     """The path's point at time ``t`` (linear between rows, held after the end)."""
-    return np.array([np.interp(t, times, points[:, k]) for k in range(3)])
+    return np.array([np.interp(t, times, points[:, k]) for k in range(points.shape[1])])
 
 
 def dls_step(J: np.ndarray, e: np.ndarray, damping: float) -> np.ndarray:
@@ -140,7 +159,7 @@ class Tracker:
 
     def __init__(self, method: str, platform: Platform, kinematics, points: Points,
                  settings: TrackSettings, actuator_jacobian: ActuatorJacobian | None = None,
-                 window_length: int = 9, field=None) -> None:
+                 window_length: int = 9, field=None, image=None) -> None:
         if method not in METHODS:
             raise UserError(f"track method {method!r}: expected one of {list(METHODS)}")
         if method == "actuator" and actuator_jacobian is None:
@@ -149,6 +168,15 @@ class Tracker:
         if method == "field" and field is None:
             raise UserError("track --method field needs a fitted Jacobian field")
         self.s, self.aj, self.field = settings, actuator_jacobian, field
+        # An ImageView (control.image): targets are pixels and the loop minimises the pixel
+        # error through d(pixel)/du; None: targets are base-frame points [m].
+        self.image = image
+        if image is None:
+            self.damping, self.dead_zone = settings.damping, settings.dead_zone
+            self.settle_tol = settings.settle_tol
+        else:
+            self.damping, self.dead_zone = settings.damping_px, settings.dead_zone_px
+            self.settle_tol = settings.settle_tol_px
         n = platform.n
         self.joints = np.array(settings.joints or [j for j in range(n)
                                                    if j not in platform.gripper_indices])
@@ -165,16 +193,25 @@ class Tracker:
         self.history["q"].append(obs.q)
         self.history["qd"].append(obs.qd)
 
+    def error(self, x: np.ndarray, target: np.ndarray) -> float:
+        """‖target − x‖ of the first point in the loop's own units: m, or px through the
+        camera (``x`` (m, 3) base-frame points either way)."""
+        if self.image is not None:
+            x = self.image.project(x)
+        return float(np.linalg.norm(np.asarray(target) - x[0]))
+
     def decide(self, obs: Observation, u: np.ndarray, target: np.ndarray
                ) -> tuple[np.ndarray, dict[str, float]]:
-        """The next command from the current one ``u`` and the target (m, 3) at the
-        prediction time. Returns it and what the tick did (for the log)."""
+        """The next command from the current one ``u`` and the target at the prediction
+        time: (m, 3) points [m], or (m, 2) pixels with an image view. Returns it and what
+        the tick did (for the log)."""
         t0 = time.perf_counter()
         if self.method == "kinematic":
-            x_now, J = kinematic_jacobian(self.kin, self.points, obs.q)
+            x_at, J = kinematic_jacobian(self.kin, self.points, obs.q)
             x_hat = obs.x
         elif self.method == "field":  # learned J_θ(q) (control.field)
             J, x_hat = self.field.jacobian(obs.q, len(u)), obs.x
+            x_at = x_hat
         else:
             hist = {k: np.array(v) for k, v in self.history.items()} if self.history["q"] \
                 else {}
@@ -185,16 +222,23 @@ class Tracker:
             # leave a steady-state offset (a model that predicts sag where the arm holds
             # would stop the loop that far from the target).
             x_hat = obs.x + (x_pred - x_model_now) if self.s.predict else obs.x
+            x_at = x_pred  # the point the model's dx/du was taken at
+        if self.image is not None:
+            # d(pixel)/du = d(project)/dx at the point J was taken at · dx/du (chain rule);
+            # the error is the target pixel minus the pixel of the observed point.
+            J = self.image.image_jacobian(x_at, J)[1]
+            x_hat = self.image.project(x_hat)
         e = (np.asarray(target) - x_hat).reshape(-1)
-        info = {"err_pred_mm": 1e3 * float(np.linalg.norm(e))}
+        info = {"err_pred": float(np.linalg.norm(e))}
         du = np.zeros_like(u)
         Jc = J[:, self.joints]
-        if np.linalg.norm(e) >= self.s.dead_zone:
-            du[self.joints] = self.s.gain * dls_step(Jc, e, self.s.damping)
+        if np.linalg.norm(e) >= self.dead_zone:
+            du[self.joints] = self.s.gain * dls_step(Jc, e, self.damping)
         if self.s.null_gain > 0 and self.home is not None:
-            # Redundancy (5 joints, 3 coordinates): drift toward the start pose only where it
-            # does not move the point (I − J⁺J), so the posture cannot wander into a limit.
-            pinv = np.linalg.solve(Jc.T @ Jc + self.s.damping**2 * np.eye(len(self.joints)),
+            # Redundancy (5 joints, 3 coordinates, or 2 in the image): drift toward the start
+            # pose only where it does not move the point (I − J⁺J), so the posture cannot
+            # wander into a limit (in the image: nor along the camera ray).
+            pinv = np.linalg.solve(Jc.T @ Jc + self.damping**2 * np.eye(len(self.joints)),
                                    Jc.T)
             null = np.eye(len(self.joints)) - pinv @ Jc
             du[self.joints] += self.s.null_gain * null @ (self.home - u)[self.joints]
@@ -214,25 +258,34 @@ class TrackResult:
     method: str
     stop: str                       # settled | timeout | velocity
     t: np.ndarray                   # (F,) s, every control step
-    target: np.ndarray              # (F, 3) path point at t
-    x: np.ndarray                   # (F, 3) true tracked point (first point)
+    target: np.ndarray              # (F, 3) path point at t [m]; (F, 2) [px] in the image
+    x: np.ndarray                   # (F, 3) true tracked point (first point) [m]
     q: np.ndarray                   # (F, n)
     u: np.ndarray                   # (F, n) command written
     decide_ms: np.ndarray           # (ticks,)
     path_end: float
     settings: dict
     lost_slots: int = 0             # bus runs: schedule slots a late cycle skipped
+    space: str = "base"             # "base": targets in m; "image": targets in px
+    x_px: np.ndarray | None = None  # (F, 2) the camera's projection of x (with a camera)
+    target_px: np.ndarray | None = None  # (F, 2) the target in px (a 3-D one projected)
 
     def errors_mm(self) -> np.ndarray:
+        if self.space != "base":
+            raise ValueError("an image-space run has no 3-D target: use errors_px()")
         return 1e3 * np.linalg.norm(self.x - self.target, axis=1)
 
-    def metrics(self) -> dict[str, float]:
-        err = self.errors_mm()
+    def errors_px(self) -> np.ndarray:
+        if self.x_px is None:
+            raise ValueError("a run without a camera has no pixel errors")
+        return np.linalg.norm(self.x_px - self.target_px, axis=1)
+
+    def _stats(self, err: np.ndarray, tol: float | None) -> tuple[float, ...]:
+        """rms, mean, max on the path (from 0.5 s), final and, with ``tol``, settling."""
         on_path = self.t <= self.path_end
         after = ~on_path
         settle = float("nan")
-        tol = 1e3 * self.settings["settle_tol"]
-        if after.any():
+        if tol is not None and after.any():
             late = np.flatnonzero(after & (err > tol))
             first_after = int(np.flatnonzero(after)[0])
             if not len(late):
@@ -241,13 +294,23 @@ class TrackResult:
                 settle = float(self.t[late[-1] + 1] - self.t[first_after])
         # Skip the first 0.5 s: the loop's start transient from rest is not tracking.
         steady = on_path & (self.t >= 0.5)
+        return (float(np.sqrt((err[steady] ** 2).mean())), float(err[steady].mean()),
+                float(err[steady].max()), float(err[-1]), settle)
+
+    def metrics(self) -> dict[str, float]:
+        """Errors in mm (3-D targets) and in px (with a camera; the loop's own unit for
+        pixel targets), settling in the loop's unit, decision times and rates."""
+        nan = float("nan")
+        image = self.space == "image"
+        mm = (nan,) * 5 if image else self._stats(self.errors_mm(),
+                                                  1e3 * self.settings["settle_tol"])
+        px = (nan,) * 5 if self.x_px is None else self._stats(
+            self.errors_px(), self.settings["settle_tol_px"] if image else None)
         period_s = self.settings["period"] * self.settings["dt"]
         return {
-            "rms_mm": float(np.sqrt((err[steady] ** 2).mean())),
-            "mean_mm": float(err[steady].mean()),
-            "max_mm": float(err[steady].max()),
-            "final_mm": float(err[-1]),
-            "settling_s": settle,
+            "rms_mm": mm[0], "mean_mm": mm[1], "max_mm": mm[2], "final_mm": mm[3],
+            "rms_px": px[0], "mean_px": px[1], "max_px": px[2], "final_px": px[3],
+            "settling_s": px[4] if image else mm[4],
             "decide_p50_ms": float(np.percentile(self.decide_ms, 50)),
             "decide_p99_ms": float(np.percentile(self.decide_ms, 99)),
             "tick_hz": 1.0 / period_s,
@@ -279,9 +342,18 @@ def _judged(tracker: Tracker, observations: list[Observation]) -> np.ndarray:
 
 
 def run_tracking(plant, tracker: Tracker, times: np.ndarray, path: np.ndarray,
-                 progress=None) -> TrackResult:
-    """Run the closed loop on ``plant`` until the stop rule ends it (module docstring)."""
+                 progress=None, camera=None) -> TrackResult:
+    """Run the closed loop on ``plant`` until the stop rule ends it (module docstring).
+
+    ``path``: (T, 3) points [m], or (T, 2) pixels when the tracker tracks in the image.
+    ``camera`` (an :class:`.image.ImageView`; default the tracker's own): the judged point
+    and the target are also reported in its pixels."""
     s = tracker.s
+    camera = tracker.image if camera is None else camera
+    dims = 2 if tracker.image is not None else 3
+    if path.shape[1] != dims:
+        raise UserError(f"track: a path of {path.shape[1]} columns for a loop that tracks in "
+                        f"{'the image (u, v)' if dims == 2 else '3-D (x, y, z)'}")
     dt = tracker.platform.control_dt
     u = np.asarray(plant.goal(), np.float64).copy()
     tracker.home = u.copy()
@@ -298,11 +370,11 @@ def run_tracking(plant, tracker: Tracker, times: np.ndarray, path: np.ndarray,
                 break
             if k % s.period == 0:
                 target = target_at(times, path, obs.t + lookahead)
-                u, info = tracker.decide(obs, u, np.broadcast_to(target, obs.x.shape))
+                u, info = tracker.decide(obs, u, np.broadcast_to(target, (len(obs.x), dims)))
                 decide_ms.append(info["decide_ms"])
-                err_now = np.linalg.norm(obs.x_true[0] - target_at(times, path, obs.t))
+                err_now = tracker.error(obs.x_true, target_at(times, path, obs.t))
                 if obs.t > end:
-                    inside = inside + 1 if err_now < s.settle_tol else 0
+                    inside = inside + 1 if err_now < tracker.settle_tol else 0
                     if inside >= s.settle_ticks:
                         stop = "settled"
                         break
@@ -321,7 +393,12 @@ def run_tracking(plant, tracker: Tracker, times: np.ndarray, path: np.ndarray,
     finally:
         plant.close()
     settings = dict(asdict(s), dt=dt)
-    return TrackResult(tracker.method, stop, np.array(log["t"]), np.array(log["target"]),
-                       _judged(tracker, log["x"]), np.array(log["q"]), np.array(log["u"]),
-                       np.array(decide_ms), end, settings,
-                       int(getattr(plant, "lost_slots", 0)))
+    target, x = np.array(log["target"]), _judged(tracker, log["x"])
+    x_px = target_px = None
+    if camera is not None:
+        x_px = camera.project(x)
+        target_px = target if tracker.image is not None else camera.project(target)
+    return TrackResult(tracker.method, stop, np.array(log["t"]), target, x,
+                       np.array(log["q"]), np.array(log["u"]), np.array(decide_ms), end,
+                       settings, int(getattr(plant, "lost_slots", 0)),
+                       "image" if tracker.image is not None else "base", x_px, target_px)

@@ -10,9 +10,16 @@ torque on at connect, off when the loop ends, however it ends.
 (:func:`fit_field_file`: world point tracks under random command perturbations around the
 config's start pose, then ``control.field.fit_field``).
 
+With ``--camera`` (a camera file, :mod:`.image`) a pixel path (``time, u, v``) is tracked in
+the image: the loop minimises the pixel error through d(pixel)/du; a 3-D path is tracked
+as before and its errors are also reported in the camera's pixels (the projection of the
+world's own end-effector against the projected target).
+
 Outputs (``--out``): ``track.json`` (settings, metrics per run), ``track.md`` (the table),
-``track.png`` (target vs tracked paths, error over time) and one ``<method>_<payload>g.csv``
-log per run (t, target, tracked point, joints, commands).
+``track.png`` (target vs tracked paths, error over time; ``track_px.png`` the same in the
+image with a camera; ``path_px.csv`` a 3-D path projected into the image, in the pixel path
+format) and one ``<method>_<payload>g.csv`` log per run (t, target, tracked point, its
+pixel with a camera, joints, commands).
 """
 
 from __future__ import annotations
@@ -29,11 +36,20 @@ from nactuator.errors import UserError
 from nactuator.paths import conf_dir
 from nactuator.platforms import Platform, load_platform
 
+from .image import ImageView, check_in_image, load_view, read_pixel_path, write_pixel_path
 from .jacobian import ActuatorJacobian, Points
 from .plants import BusPlant, WorldPlant
-from .track import METHODS, Tracker, TrackResult, TrackSettings, read_path, run_tracking
+from .track import (
+    METHODS,
+    PathError,
+    Tracker,
+    TrackResult,
+    TrackSettings,
+    read_path,
+    run_tracking,
+)
 
-__all__ = ["circle_path", "fit_field_file", "load_track_config", "track"]
+__all__ = ["circle_path", "fit_field_file", "load_track_config", "read_target_path", "track"]
 
 
 def load_track_config(platform: Platform, path: str | os.PathLike | None = None
@@ -66,11 +82,35 @@ def circle_path(center_start: np.ndarray, radius: float, seconds: float,
     return t, np.asarray(center_start, np.float64) + offset
 
 
+def read_target_path(path: str | os.PathLike, view: ImageView | None, relative: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray, str]:
+    """A path file of either format -> times, targets, and ``"base"`` (``time, x, y, z``
+    [m]) or ``"image"`` (``time, u, v`` [px], which needs the camera ``view``; inside its
+    image unless ``relative``: offsets are checked once shifted, by the caller)."""
+    path = Path(path)
+    try:
+        header = set(pd.read_csv(path, nrows=0).columns) if path.is_file() else set()
+    except (ValueError, pd.errors.ParserError) as err:
+        raise PathError(f"{path}: not a CSV file ({err})") from err
+    if header & {"u", "v"} and not header & {"x", "y", "z"}:
+        if view is None:
+            raise PathError(f"{path}: a pixel path (columns time, u, v) needs --camera (the "
+                            "camera whose pixels they are)")
+        return (*read_pixel_path(path, None if relative else view), "image")
+    return (*read_path(path), "base")
+
+
 def _save_log(path: Path, r: TrackResult, names: list[str]) -> None:
     cols = {"t": r.t}
-    for k, a in enumerate("xyz"):
-        cols[f"target_{a}"] = r.target[:, k]
-        cols[f"{a}"] = r.x[:, k]
+    if r.space == "image":
+        cols.update(target_pixel_u=r.target[:, 0], target_pixel_v=r.target[:, 1])
+    else:
+        cols.update({f"target_{a}": r.target[:, k] for k, a in enumerate("xyz")})
+    cols.update({a: r.x[:, k] for k, a in enumerate("xyz")})
+    if r.x_px is not None:
+        if r.space != "image":
+            cols.update(target_pixel_u=r.target_px[:, 0], target_pixel_v=r.target_px[:, 1])
+        cols.update(pixel_u=r.x_px[:, 0], pixel_v=r.x_px[:, 1])
     cols.update({f"q_{c}": r.q[:, j] for j, c in enumerate(names)})
     cols.update({f"u_{c}": r.u[:, j] for j, c in enumerate(names)})
     with atomic_path(path, suffix=".csv") as tmp:
@@ -80,6 +120,7 @@ def _save_log(path: Path, r: TrackResult, names: list[str]) -> None:
 def _plot(runs: list[tuple[str, float, TrackResult]], path: Path) -> Path:
     from matplotlib.figure import Figure
 
+    runs = [run for run in runs if run[2].space == "base"]
     payloads = sorted({g for _, g, _ in runs})
     fig = Figure(figsize=(4.2 * len(payloads), 7.4))
     axes = fig.subplots(2, len(payloads), squeeze=False)
@@ -111,18 +152,67 @@ def _plot(runs: list[tuple[str, float, TrackResult]], path: Path) -> Path:
     return write_png(path, fig)
 
 
+def _plot_pixels(runs: list[tuple[str, float, TrackResult]], view: ImageView,
+                 path: Path) -> Path:
+    """Target vs tracked in the image (u right, v down, the camera's resolution) and the
+    pixel error over time, one column per payload."""
+    from matplotlib.figure import Figure
+
+    payloads = sorted({g for _, g, _ in runs})
+    fig = Figure(figsize=(4.2 * len(payloads), 7.4))
+    axes = fig.subplots(2, len(payloads), squeeze=False)
+    colors = {"kinematic": "tab:orange", "actuator": "tab:blue", "field": "tab:green"}
+    for col, g in enumerate(payloads):
+        top, bottom = axes[0, col], axes[1, col]
+        first = True
+        for method, grams, r in runs:
+            if grams != g:
+                continue
+            if first:
+                top.plot(r.target_px[:, 0], r.target_px[:, 1], "k--", lw=1.2, label="target")
+                first = False
+            top.plot(r.x_px[:, 0], r.x_px[:, 1], color=colors[method], lw=1.0,
+                     label=f"{method} ({r.metrics()['rms_px']:.2f} px rms)")
+            bottom.plot(r.t, r.errors_px(), color=colors[method], lw=1.0, label=method)
+        top.set_title(f"unknown payload {g:.0f} g ({view.width}x{view.height} px camera)",
+                      fontsize=9)
+        top.set_xlabel("u [px]", fontsize=8)
+        top.set_ylabel("v [px]", fontsize=8)
+        top.set_aspect("equal", adjustable="datalim")
+        top.invert_yaxis()  # image rows grow downward
+        top.legend(fontsize=7)
+        bottom.set_xlabel("time [s]", fontsize=8)
+        bottom.set_ylabel("EE error [px] (world, projected)", fontsize=8)
+        bottom.legend(fontsize=7)
+        for ax in (top, bottom):
+            ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    return write_png(path, fig)
+
+
+def _cell(value: float, fmt: str = ".2f") -> str:
+    return "—" if value is None or not np.isfinite(value) else format(value, fmt)
+
+
 def _markdown(report: dict) -> str:
+    camera = report.get("camera")
     lines = [f"# Point tracking: {report['where']}", "",
-             f"path `{report['path']}` ({report['path_seconds']:.1f} s), tick "
-             f"{report['tick_hz']:.1f} Hz, checkpoint `{report.get('checkpoint')}`", "",
+             f"path `{report['path']}` ({report['path_seconds']:.1f} s, "
+             f"{'pixels' if report.get('space') == 'image' else '3-D'}), tick "
+             f"{report['tick_hz']:.1f} Hz, checkpoint `{report.get('checkpoint')}`"
+             + (f", camera `{camera}`" if camera else ""), "",
              "| method | payload [g] | rms [mm] | mean [mm] | max [mm] | final [mm] | "
-             "settling [s] | decide p50/p99 [ms] | cycles/s (lost) | ticks/s | stop |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             + ("rms [px] | max [px] | final [px] | " if camera else "")
+             + "settling [s] | decide p50/p99 [ms] | cycles/s (lost) | ticks/s | stop |",
+             "|---|---|---|---|---|---|" + ("---|---|---|" if camera else "")
+             + "---|---|---|---|---|"]
     for r in report["runs"]:
         m = r["metrics"]
-        lines.append(f"| {r['method']} | {r['payload_g']:.0f} | {m['rms_mm']:.2f} | "
-                     f"{m['mean_mm']:.2f} | {m['max_mm']:.2f} | {m['final_mm']:.2f} | "
-                     f"{m['settling_s']:.2f} | {m['decide_p50_ms']:.1f}/"
+        px = (f"{_cell(m['rms_px'])} | {_cell(m['max_px'])} | {_cell(m['final_px'])} | "
+              if camera else "")
+        lines.append(f"| {r['method']} | {r['payload_g']:.0f} | {_cell(m['rms_mm'])} | "
+                     f"{_cell(m['mean_mm'])} | {_cell(m['max_mm'])} | {_cell(m['final_mm'])} | "
+                     f"{px}{_cell(m['settling_s'])} | {m['decide_p50_ms']:.1f}/"
                      f"{m['decide_p99_ms']:.1f} | {m['cycle_hz']:.1f} ({m['lost_slots']}) | "
                      f"{m['ticks_hz']:.1f} | "
                      f"{m['stop']} |")
@@ -135,7 +225,8 @@ def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
           relative: bool = False, out: str | os.PathLike | None = None,
           config: str | os.PathLike | None = None, world: str | None = None,
           seed: int = 0, track_noise: float = 0.0, calibration: str | None = None,
-          threads: int = 1, field: str | os.PathLike | None = None) -> str:
+          threads: int = 1, field: str | os.PathLike | None = None,
+          camera: str | os.PathLike | None = None) -> str:
     """Run the closed loop (see the module docstring); returns the table as markdown."""
     import torch
 
@@ -161,7 +252,9 @@ def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
         raise UserError("give --platform (or --ckpt, whose platform is used)")
     p = platform if isinstance(platform, Platform) else load_platform(platform)
     q0, settings = load_track_config(p, config)
-    times, points_path = read_path(path)
+    view = None if camera is None else load_view(camera, p)
+    times, points_path, space = read_target_path(path, view, relative)
+    image = view if space == "image" else None  # the loop tracks in the image
     sim = Simulator(p)
     points = Points.end_effector(sim.kinematics)
     aj = (ActuatorJacobian(actuator, sim, points, horizon=settings.horizon)
@@ -173,6 +266,7 @@ def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
         learned = load_field(field, expect_platform=p.name)
 
     runs: list[tuple[str, float, TrackResult]] = []
+    offsets: list[np.ndarray] = []  # each run's --relative shift of the path
     where = "hidden world" if port is None else f"bus {port}"
     if port is not None:
         if len(payloads_g) > 1 or payloads_g[0] != 0:
@@ -186,12 +280,17 @@ def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
             with sigterm_as_interrupt(), open_bus(p, port, calibration, torque=True) as bus:
                 bus.wait_ready()
                 plant = BusPlant(bus, p, points, sim.kinematics)
-                offset = _start_offset(plant, relative, points_path)
+                offset = _start_offset(plant, relative, points_path, image)
+                offsets.append(offset)
+                if image is not None and relative:
+                    check_in_image(path, image, points_path + offset,
+                                   " (shifted to the arm's start pixel)")
                 tracker = Tracker(method, p, sim.kinematics, points, settings, aj,
-                                  field=learned)
+                                  field=learned, image=image)
                 try:
                     runs.append((method, 0.0, run_tracking(plant, tracker, times,
-                                                           points_path + offset)))
+                                                           points_path + offset,
+                                                           camera=view)))
                 except KeyboardInterrupt:
                     return "track: interrupted; torque switched off"
     else:
@@ -199,15 +298,21 @@ def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
             for method in methods:
                 plant = WorldPlant(p, points, sim.kinematics, q0, payload_kg=grams / 1000.0,
                                    world=world, seed=seed, track_noise=track_noise)
-                offset = _start_offset(plant, relative, points_path)
+                offset = _start_offset(plant, relative, points_path, image)
+                offsets.append(offset)
+                if image is not None and relative:
+                    check_in_image(path, image, points_path + offset,
+                                   " (shifted to the arm's start pixel)")
                 tracker = Tracker(method, p, sim.kinematics, points, settings, aj,
-                                  field=learned)
+                                  field=learned, image=image)
                 runs.append((method, grams, run_tracking(plant, tracker, times,
-                                                         points_path + offset)))
+                                                         points_path + offset, camera=view)))
     report = {
         "where": where, "path": str(path), "path_seconds": float(times[-1]),
         "checkpoint": None if ckpt is None else str(ckpt), "platform": p.name,
         "field": None if field is None else str(field),
+        "camera": None if view is None else view.source, "space": space,
+        "resolution_px": None if view is None else [view.width, view.height],
         "tick_hz": p.fps / settings.period, "settings": json_safe(vars(settings)),
         "world": world or "default", "seed": seed, "track_noise_m": track_noise,
         "runs": [{"method": m, "payload_g": g, "metrics": r.metrics()} for m, g, r in runs],
@@ -216,17 +321,28 @@ def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
         out = Path(out)
         for m, g, r in runs:
             _save_log(out / f"{m}_{g:.0f}g.csv", r, p.channel_names)
-        report["plot"] = _plot(runs, out / "track.png").name
+        if space == "base":
+            report["plot"] = _plot(runs, out / "track.png").name
+        if view is not None:
+            report["plot_px"] = _plot_pixels(runs, view, out / "track_px.png").name
+            if space == "base":
+                # The 3-D path as the camera sees it, in the pixel path format (the first
+                # run's, with its --relative offset): `track --camera` can follow it.
+                write_pixel_path(out / "path_px.csv", times,
+                                 view.project(points_path + offsets[0]))
         write_json(out / "track.json", json_safe(report))
         write_text(out / "track.md", _markdown(report))
     return _markdown(report)
 
 
-def _start_offset(plant, relative: bool, path_points: np.ndarray) -> np.ndarray:
-    """With ``relative`` the path is offsets from where the tracked point is at the start."""
+def _start_offset(plant, relative: bool, path_points: np.ndarray,
+                  image: ImageView | None = None) -> np.ndarray:
+    """With ``relative`` the path is offsets from where the tracked point is at the start
+    (its pixel, for a pixel path)."""
     if not relative:
-        return np.zeros(3)
-    return plant.read().x[0] - path_points[0]
+        return np.zeros(path_points.shape[1])
+    x = plant.read().x
+    return (x[0] if image is None else image.project(x)[0]) - path_points[0]
 
 
 def fit_field_file(out: str | os.PathLike, platform: str | Platform = "so101",
