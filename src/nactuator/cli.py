@@ -253,6 +253,7 @@ def _vision_import(a: argparse.Namespace) -> int:
 
 
 def _vision_overlay(a: argparse.Namespace) -> int:
+    _check_model_paths(a.ckpt)
     from nactuator.vision.masks import overlay
 
     try:
@@ -262,9 +263,10 @@ def _vision_overlay(a: argparse.Namespace) -> int:
 
         raise UserError(f"--frames {a.frames!r}: expected frame indices like 0,100,200") from None
     r = overlay(a.data, a.episode, frames, a.out, camera=a.camera, mask_camera=a.mask_camera,
-                state=a.state, scale=a.scale)
+                state=a.state, scale=a.scale, ckpt=a.ckpt, device=a.device)
     ious = ", ".join(f"{f}: {v:.3f}" for f, v in zip(r["frames"], r["iou"], strict=True))
-    print(f"wrote {len(r['files'])} overlay(s) {r['size'][0]}x{r['size'][1]} and {r['sheet']}; "
+    sheet = f" and {r['sheet']}" if r["sheet"] else f" in {a.out}"
+    print(f"wrote {len(r['files'])} overlay(s) {r['size'][0]}x{r['size'][1]}{sheet}; "
           f"hard IoU rendered ({r['state']} state) vs observed per frame {ious}; mean "
           f"{r['mean_iou']:.3f}")
     return 0
@@ -849,6 +851,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which stored masks, by camera name (needed when there are several)")
     s.add_argument("--state", choices=["true", "stored"], default="stored",
                    help="joint state to render: stored (the dataset's q) or true (synthetic)")
+    s.add_argument("--ckpt", default=None,
+                   help="render the state our model's closed-loop rollout reaches instead "
+                        "(checkpoint, bundle, pretrained/NAME or export)")
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--scale", type=int, default=4, help="pixels per camera pixel")
     s.set_defaults(func=_vision_overlay)
 

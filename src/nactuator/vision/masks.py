@@ -68,6 +68,28 @@ def episode_states(ds: Dataset, episodes: list[int], state: str) -> dict[int, np
     return {ds.episodes[j].index: q for j, q in got.items()}
 
 
+def model_states(ckpt: str, ds: Dataset, episode: int, device: str = "cpu") -> np.ndarray:
+    """Joint positions (T, n) of our model's closed-loop rollout of ``episode`` from frame 0:
+    the actuator model (checkpoint, bundle, ``pretrained/NAME`` or export) drives the
+    simulator with the recorded commands, exactly as ``nactuator eval`` rolls it out."""
+    from nactuator.data.episodes import filter_episode, load_split
+    from nactuator.eval.protocol import episode_rollouts
+    from nactuator.model_files import resolve_model_path
+    from nactuator.models import load_model
+    from nactuator.platforms import load_platform
+    from nactuator.sim import Simulator
+
+    actuator, meta = load_model(resolve_model_path(ckpt), map_location=device,
+                                expect_platform=ds.platform)
+    platform = load_platform(meta["platform"])
+    pairs = load_split([ds], platform, None)
+    ep = next((e for _, e in pairs if e.index == episode), None)
+    if ep is None:
+        raise DataFormatError(f"{ds.root}: no episode {episode}")
+    ep = filter_episode(ep, meta["input_filters"])
+    return episode_rollouts(actuator, Simulator(platform, device=device), [ep], device)[0].q
+
+
 def _is_synthetic(ds: Dataset) -> bool:
     return bool((ds.info.get("nactuator", {}).get("metadata") or {}).get("synthetic"))
 
@@ -283,6 +305,7 @@ def import_masks(data: str, episode: int, masks: str, camera: str,
 
 # ---------------------------------------------------------------- overlay
 
+SHEET_MAX = 8  # frames side by side in the sheet
 _OBSERVED = (40, 200, 80)   # green: the observed mask's contour
 _RENDERED = (230, 40, 200)  # magenta: our soft renderer's contour
 
@@ -293,12 +316,13 @@ def _contour(mask: np.ndarray) -> np.ndarray:
 
 def overlay(data: str, episode: int, frames: list[int], out: str, camera: str | None = None,
             mask_camera: str | None = None, state: str = "stored", scale: int = 4,
-            sigma: float = 0.7) -> dict:
+            sigma: float = 0.7, ckpt: str | None = None, device: str = "cpu") -> dict:
     """PNGs of the observed masks (filled grey, green contour) and the soft renderer's
     silhouette at the joint state of each frame (magenta contour), ``scale`` times the
-    camera's size, one per frame in ``out`` plus a side-by-side sheet. ``camera``: the
-    camera to render with (default the one stored beside the masks, e.g. pass a refined
-    one); ``state``: ``stored`` (the dataset's q) or ``true`` (the synthetic world's)."""
+    camera's size, one per frame in ``out`` plus a side-by-side sheet (up to 8 frames).
+    ``camera``: the camera to render with (default the one stored beside the masks, e.g. pass a refined
+    one); ``state``: ``stored`` (the dataset's q) or ``true`` (the synthetic world's), or
+    with ``ckpt`` the state our model's rollout reaches (:func:`model_states`)."""
     if not isinstance(scale, int) or scale < 1:
         raise UserError(f"--scale must be a positive integer, got {scale!r}")
     if not frames:
@@ -324,8 +348,12 @@ def overlay(data: str, episode: int, frames: list[int], out: str, camera: str | 
                                                    - np.array(absent)[None]), axis=0)]
         raise UserError(f"--frames {absent}: no mask stored there (nearest with one: "
                         f"{near.tolist()})")
-    q = torch.tensor(episode_states(ds, [ep.index], state)[ep.index][frames],
-                     dtype=torch.float32)
+    if ckpt is not None:
+        state = f"model {ckpt}"
+        q_all = model_states(ckpt, ds, ep.index, device)
+    else:
+        q_all = episode_states(ds, [ep.index], state)[ep.index]
+    q = torch.tensor(q_all[frames], dtype=torch.float32)
     renderer = SilhouetteRenderer(ArmScene(ds.platform))
     with torch.no_grad():
         soft = renderer(q, cam, sigma=sigma)["mask"]
@@ -348,15 +376,18 @@ def overlay(data: str, episode: int, frames: list[int], out: str, camera: str | 
         _save_png(pil, path)
         images.append(pil)
         paths.append(str(path))
-    sheet = Image.new("RGB", (sum(i.width for i in images), images[0].height), "white")
-    x = 0
-    for im in images:
-        sheet.paste(im, (x, 0))
-        x += im.width
-    sheet_path = out_dir / f"overlay-ep{episode:06d}.png"
-    _save_png(sheet, sheet_path)
+    sheet_path = None
+    if len(images) <= SHEET_MAX:  # a strip wider than that is no longer one picture
+        sheet = Image.new("RGB", (sum(i.width for i in images), images[0].height), "white")
+        x = 0
+        for im in images:
+            sheet.paste(im, (x, 0))
+            x += im.width
+        sheet_path = out_dir / f"overlay-ep{episode:06d}.png"
+        _save_png(sheet, sheet_path)
     return {"episode": episode, "frames": list(frames), "iou": iou.tolist(),
-            "mean_iou": float(iou.mean()), "files": paths, "sheet": str(sheet_path),
+            "mean_iou": float(iou.mean()), "files": paths,
+            "sheet": None if sheet_path is None else str(sheet_path),
             "size": [k.width * scale, k.height * scale], "state": state}
 
 
