@@ -215,3 +215,28 @@ def test_overlay_writes_pngs_of_the_scaled_size(dataset, camera_file, tmp_path):
     assert min(r["iou"]) > 0.7
     with pytest.raises(Exception, match=r"--frames \[999\]"):
         overlay(str(ds_path), 0, [999], str(tmp_path / "ov"))
+
+
+def test_overlay_of_the_model_state_is_the_models_rollout(dataset, camera_file, tmp_path):
+    from nactuator.vision.masks import model_states
+
+    ds_path = _copy(dataset, tmp_path / "ds")
+    render_masks(str(ds_path), str(camera_file), episodes=[0], state="stored")
+    ds = read_dataset(ds_path)
+    q_model = model_states("pretrained/so101", ds, 0)
+    q = ds.episodes[0].frames["q"]
+    # the rollout starts at the recorded state and then follows the model, not the record
+    assert q_model.shape == q.shape
+    assert q_model[0] == pytest.approx(q[0], abs=1e-6)
+    assert np.abs(q_model[1:] - q[1:]).max() > 1e-4
+    r = overlay(str(ds_path), 0, [40], str(tmp_path / "ov"), ckpt="pretrained/so101")
+    # the IoU is the one of the soft silhouette at the model's state, not at the stored one
+    from nactuator.vision.scene import ArmScene
+    from nactuator.vision.silhouette import SilhouetteRenderer, hard_iou
+
+    with torch.no_grad():
+        soft = SilhouetteRenderer(ArmScene("so101"))(
+            torch.tensor(q_model[[40]], dtype=torch.float32), load_camera(camera_file))["mask"]
+    expect = hard_iou(soft, read_episode_masks(ds_path, 0).masks[[40]].float()).item()
+    assert r["iou"][0] == pytest.approx(expect)
+    assert r["state"] == "model pretrained/so101"
