@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
         r = render_masks(str(ds_copy), a.camera, noise=noise)
         folder = Path(r["folder"])
         apparent, blocks = _disk_bytes(folder)
-        res[name] = dict(r, disk_bytes=blocks, mb_per_minute_disk=blocks / 1e6 / r["minutes_of_data"])
+        res[name] = dict(r, disk_bytes=blocks,
+                         mb_per_minute_disk=blocks / 1e6 / r["minutes_of_data"])
         print(name, json.dumps({k: res[name][k] for k in ("render_ms_per_frame", "seconds",
                                                           "state_seconds", "mb_per_minute",
                                                           "mb_per_minute_disk")}))

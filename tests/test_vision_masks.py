@@ -75,6 +75,10 @@ def test_render_store_load_round_trip(dataset, camera_file, tmp_path):
     assert got.camera_file.read_text() == camera_file.read_text()
     # the dataset itself reads exactly as before
     assert np.array_equal(read_dataset(ds_path).frames["q"], read_dataset(dataset).frames["q"])
+    from nactuator.data.info import describe
+
+    assert (f"observation.masks.tiny ({W}x{H}): {len(ds.episodes)} episode(s), "
+            f"{r['masks_stored']} masks (render-masks)") in describe(ds_path)
 
 
 def test_true_state_is_the_worlds_unquantised_position(dataset, camera_file, tmp_path):
@@ -121,6 +125,9 @@ def test_noise_drops_missed_frames_and_is_seeded(dataset, camera_file, tmp_path)
 
 def test_dataset_without_masks_reads_unchanged(dataset):
     assert mask_cameras(dataset) == []
+    from nactuator.data.info import describe
+
+    assert "observation.masks" not in describe(dataset)
     assert read_dataset(dataset).episodes[0].length > 0
     with pytest.raises(DataFormatError, match="has no masks"):
         read_episode_masks(dataset, 0)

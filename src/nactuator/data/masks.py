@@ -30,15 +30,18 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch only where masks are read (``data info`` reads the index alone)
+    import torch
 
 import numpy as np
-import torch
 
 from nactuator.atomic import write_bytes, write_json, write_text
 from nactuator.data.schema import DataFormatError
 
 __all__ = ["MASKS_DIR", "MASK_FORMAT", "EpisodeMasks", "MaskWriter", "mask_cameras",
-           "mask_folder", "mask_key", "read_episode_masks"]
+           "mask_folder", "mask_key", "mask_summary", "read_episode_masks"]
 
 MASKS_DIR = "masks"
 MASK_FORMAT = "nactuator-masks/1"
@@ -69,6 +72,19 @@ def mask_cameras(root: str | Path) -> list[str]:
         return []
     return sorted(p.name[len(prefix):] for p in base.iterdir()
                   if p.name.startswith(prefix) and (p / "info.json").is_file())
+
+
+def mask_summary(root: str | Path) -> list[str]:
+    """One line per camera with masks (from the index files alone), for ``data info``."""
+    lines = []
+    for cam in mask_cameras(root):
+        index = _load_index(mask_folder(root, cam))
+        eps = index["episodes"].values()
+        sources = sorted({str(e.get("source", "?")) for e in eps})
+        lines.append(f"  {index['key']} ({index['width']}x{index['height']}): {len(eps)} "
+                     f"episode(s), {sum(int(e['frames']) for e in eps)} masks "
+                     f"({', '.join(sources)})")
+    return lines
 
 
 def _load_index(folder: Path) -> dict:
@@ -152,8 +168,8 @@ class EpisodeMasks:
     ``frame_index`` (K,) and ``time`` (K,) of the stored masks; ``camera_file`` the camera
     they were taken with; ``meta`` where they came from."""
 
-    masks: torch.Tensor
-    valid: torch.Tensor
+    masks: torch.Tensor  # noqa: F821 (imported when read)
+    valid: torch.Tensor  # noqa: F821
     frame_index: np.ndarray
     time: np.ndarray
     camera_file: Path
@@ -164,6 +180,8 @@ def read_episode_masks(root: str | Path, episode: int, camera: str | None = None
                        ) -> EpisodeMasks:
     """The masks of episode ``episode`` as (T, H, W) with the frames that have them.
     ``camera`` may be left out when the dataset has masks of one camera only."""
+    import torch
+
     cams = mask_cameras(root)
     if camera is None:
         if not cams:

@@ -320,8 +320,8 @@ def overlay(data: str, episode: int, frames: list[int], out: str, camera: str | 
     """PNGs of the observed masks (filled grey, green contour) and the soft renderer's
     silhouette at the joint state of each frame (magenta contour), ``scale`` times the
     camera's size, one per frame in ``out`` plus a side-by-side sheet (up to 8 frames).
-    ``camera``: the camera to render with (default the one stored beside the masks, e.g. pass a refined
-    one); ``state``: ``stored`` (the dataset's q) or ``true`` (the synthetic world's), or
+    ``camera``: the camera to render with (default the one stored beside the masks; e.g. a
+    refined one); ``state``: ``stored`` (the dataset's q) or ``true`` (the synthetic world's), or
     with ``ckpt`` the state our model's rollout reaches (:func:`model_states`)."""
     if not isinstance(scale, int) or scale < 1:
         raise UserError(f"--scale must be a positive integer, got {scale!r}")
