@@ -247,3 +247,25 @@ def test_overlay_of_the_model_state_is_the_models_rollout(dataset, camera_file, 
     expect = hard_iou(soft, read_episode_masks(ds_path, 0).masks[[40]].float()).item()
     assert r["iou"][0] == pytest.approx(expect)
     assert r["state"] == "model pretrained/so101"
+
+
+def test_cli_errors_are_one_line(dataset, camera_file, tmp_path, capsys):
+    from nactuator.cli import main
+
+    cases = [
+        (["vision", "render-masks", "--data", str(dataset), "--camera", str(camera_file),
+          "--episodes", "0,x"], "--episodes '0,x': expected episode indices"),
+        (["vision", "render-masks", "--data", str(dataset), "--camera", str(camera_file),
+          "--episodes", "9"], "no episode 9 (it has 0..1)"),
+        (["vision", "render-masks", "--data", str(dataset), "--camera", "omx_nowhere"],
+         "omx_nowhere.yaml does not exist"),
+        (["vision", "overlay", "--data", str(dataset), "--episode", "0", "--frames", "1",
+          "--out", str(tmp_path / "o")], "has no masks"),
+        (["vision", "import-masks", "--data", str(dataset), "--episode", "0", "--masks",
+          str(tmp_path / "none"), "--camera", str(camera_file), "--video-fps", "30"],
+         "none does not exist"),
+    ]
+    for argv, says in cases:
+        assert main(argv) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and says in err[0], (argv, err)

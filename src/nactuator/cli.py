@@ -234,7 +234,13 @@ def _vision_render(a: argparse.Namespace) -> int:
     from nactuator.vision.noise import load_mask_noise
 
     noise = load_mask_noise(a.noise) if a.noise else None
-    episodes = [int(x) for x in a.episodes.split(",")] if a.episodes else None
+    try:
+        episodes = [int(x) for x in a.episodes.split(",")] if a.episodes else None
+    except ValueError:
+        from nactuator.errors import UserError
+
+        raise UserError(f"--episodes {a.episodes!r}: expected episode indices like 0,3,5") \
+            from None
     print(format_render_report(render_masks(a.data, a.camera, noise=noise, every=a.every,
                                             state=a.state, episodes=episodes, seed=a.seed)))
     return 0
