@@ -229,6 +229,55 @@ def _vision(a: argparse.Namespace) -> int:
     return 0
 
 
+def _vision_render(a: argparse.Namespace) -> int:
+    from nactuator.vision.masks import format_render_report, render_masks
+    from nactuator.vision.noise import load_mask_noise
+
+    noise = load_mask_noise(a.noise) if a.noise else None
+    try:
+        episodes = [int(x) for x in a.episodes.split(",")] if a.episodes else None
+    except ValueError:
+        from nactuator.errors import UserError
+
+        raise UserError(f"--episodes {a.episodes!r}: expected episode indices like 0,3,5") \
+            from None
+    print(format_render_report(render_masks(a.data, a.camera, noise=noise, every=a.every,
+                                            state=a.state, episodes=episodes, seed=a.seed)))
+    return 0
+
+
+def _vision_import(a: argparse.Namespace) -> int:
+    from nactuator.vision.masks import import_masks
+
+    r = import_masks(a.data, a.episode, a.masks, a.camera, timestamps=a.timestamps,
+                     video_fps=a.video_fps, offset=a.offset, tolerance=a.tolerance)
+    print(f"imported {r['masks']} masks onto frames {r['first_frame']}..{r['last_frame']} of "
+          f"episode {r['episode']} ({r['frames']} frames) into {r['folder']}; largest "
+          f"alignment error {r['max_alignment_error_ms']:.1f} ms (tolerance "
+          f"{r['tolerance_ms']:.1f} ms)")
+    return 0
+
+
+def _vision_overlay(a: argparse.Namespace) -> int:
+    _check_model_paths(a.ckpt)
+    from nactuator.vision.masks import overlay
+
+    try:
+        frames = [int(x) for x in a.frames.split(",")]
+    except ValueError:
+        from nactuator.errors import UserError
+
+        raise UserError(f"--frames {a.frames!r}: expected frame indices like 0,100,200") from None
+    r = overlay(a.data, a.episode, frames, a.out, camera=a.camera, mask_camera=a.mask_camera,
+                state=a.state, scale=a.scale, ckpt=a.ckpt, device=a.device)
+    ious = ", ".join(f"{f}: {v:.3f}" for f, v in zip(r["frames"], r["iou"], strict=True))
+    sheet = f" and {r['sheet']}" if r["sheet"] else f" in {a.out}"
+    print(f"wrote {len(r['files'])} overlay(s) {r['size'][0]}x{r['size'][1]}{sheet}; "
+          f"hard IoU rendered ({r['state']} state) vs observed per frame {ious}; mean "
+          f"{r['mean_iou']:.3f}")
+    return 0
+
+
 def _infer(a: argparse.Namespace) -> int:
     _check_model_paths(a.ckpt)
     from nactuator.eval.infer import infer
@@ -737,7 +786,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_transfer)
 
     vis = sub.add_parser("vision", help="image-space supervision: hand-eye calibration from "
-                         "silhouettes (docs/vision.md)")
+                         "silhouettes, masks beside a dataset, overlays (docs/vision.md)")
     vsub = vis.add_subparsers(dest="vision_command", required=True, metavar="ACTION")
     s = vsub.add_parser("calibrate", help="refine a perturbed camera extrinsic from soft "
                         "silhouettes vs MuJoCo ray-cast masks (synthetic, judged against the "
@@ -760,6 +809,60 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the whole report as JSON")
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.set_defaults(func=_vision)
+
+    s = vsub.add_parser("render-masks", help="ray-cast ground-truth masks of each frame's joint "
+                        "state (MuJoCo, not our renderer) and store them beside the dataset")
+    s.add_argument("--data", required=True, help="dataset folder")
+    s.add_argument("--camera", required=True,
+                   help="camera file or name under conf/vision/cameras/ (copied beside the masks)")
+    s.add_argument("--noise", default=None,
+                   help="mask damage: a file or name under conf/vision/noise/ (e.g. segmenter); "
+                        "default: clean masks")
+    s.add_argument("--every", type=int, default=1, help="render every k-th frame")
+    s.add_argument("--state", choices=["true", "stored"], default=None,
+                   help="joint state to render: true (the synthetic world's exact positions, "
+                        "regenerated; default for synthetic data) or stored (the dataset's q)")
+    s.add_argument("--episodes", default=None, help="episode indices, comma separated "
+                   "(default: all)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the noise (+ episode index)")
+    s.set_defaults(func=_vision_render)
+
+    s = vsub.add_parser("import-masks", help="store a folder of PNG masks (e.g. SAM masks of "
+                        "your video) beside an episode, aligned by nearest timestamp")
+    s.add_argument("--data", required=True, help="dataset folder")
+    s.add_argument("--episode", type=int, required=True, help="episode index")
+    s.add_argument("--masks", required=True, help="folder of binary PNG masks")
+    s.add_argument("--camera", required=True,
+                   help="camera file of the video the masks come from (its size must match)")
+    s.add_argument("--timestamps", default=None,
+                   help="CSV with columns file,time (seconds, the video's clock)")
+    s.add_argument("--video-fps", type=float, default=None,
+                   help="instead of --timestamps: time = the file name's last number / this")
+    s.add_argument("--offset", type=float, default=0.0,
+                   help="video time (s) of the episode's first frame; subtracted from each time")
+    s.add_argument("--tolerance", type=float, default=None,
+                   help="largest allowed distance (s) to the nearest frame (default: half the "
+                        "episode's median frame period)")
+    s.set_defaults(func=_vision_import)
+
+    s = vsub.add_parser("overlay", help="PNG of the observed mask and the soft renderer's "
+                        "contour at the frame's joint state")
+    s.add_argument("--data", required=True, help="dataset folder with masks")
+    s.add_argument("--episode", type=int, required=True, help="episode index")
+    s.add_argument("--frames", required=True, help="frame indices, comma separated")
+    s.add_argument("--out", required=True, help="folder for the PNGs")
+    s.add_argument("--camera", default=None,
+                   help="camera to render with (default: the one stored beside the masks)")
+    s.add_argument("--mask-camera", default=None,
+                   help="which stored masks, by camera name (needed when there are several)")
+    s.add_argument("--state", choices=["true", "stored"], default="stored",
+                   help="joint state to render: stored (the dataset's q) or true (synthetic)")
+    s.add_argument("--ckpt", default=None,
+                   help="render the state our model's closed-loop rollout reaches instead "
+                        "(checkpoint, bundle, pretrained/NAME or export)")
+    s.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    s.add_argument("--scale", type=int, default=4, help="pixels per camera pixel")
+    s.set_defaults(func=_vision_overlay)
 
     s = sub.add_parser("infer", help="causal force/gate/condition from telemetry (no simulator)")
     s.add_argument("--ckpt", required=True, help=MODEL_HELP)

@@ -18,6 +18,7 @@ from nactuator.data.committed import (
     recorded_fps,
     writer_active,
 )
+from nactuator.data.masks import mask_summary
 from nactuator.data.reader import read_dataset
 from nactuator.data.schema import FEATURES, PRIVATE_DIR, SPLITS
 
@@ -96,6 +97,9 @@ def describe(path: str | Path) -> str:
                 f"    {name:<14} {_fmt(lo):>10} .. {_fmt(hi):<10} "
                 f"{units[j]:<24} NaN {nan_frac:6.1%}"
             )
+    masks = mask_summary(root)
+    if masks:
+        lines += ["masks (beside the shards, docs/data-format.md 'Masks'):", *masks]
     lines += _unfinished(root, len(state.leftovers))
     return "\n".join(lines)
 

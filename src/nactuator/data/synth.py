@@ -31,7 +31,8 @@ from nactuator.progress import progress_bar
 from nactuator.world import World, WorldError, WorldParams, load_world
 from nactuator.world.tasks import Kinematics, plan_episode, task_seed
 
-__all__ = ["MAX_ARMS_PER_BATCH", "replay_commands", "run_tasks", "split_for", "synthesize"]
+__all__ = ["MAX_ARMS_PER_BATCH", "replay_commands", "run_tasks", "split_for", "synthesize",
+           "true_joint_states"]
 
 # Arms simulated in one lock-step batch: amortises the per-step numpy work over many arms
 # while bounding memory (logs are t_max x arms x n doubles per channel).
@@ -62,12 +63,16 @@ def run_tasks(
     seconds: float | None = None,
     kin: Kinematics | None = None,
     progress: Callable[[int, int], None] | None = None,
+    true_state: bool = False,
 ) -> list[tuple[str, dict[str, np.ndarray], dict]]:
     """Simulate ``reps`` repetitions of each task, all arms in one lock-step batch.
 
     Returns (task, Contract-1 frames, episode meta) per episode, tasks in order. An arm's data
     depend only on the seed, its task and its repetition (per-arm noise streams), not on which
     other tasks share the batch. ``progress(frame, frames)`` is called after every frame.
+    ``true_state``: the frames also hold ``q_true`` (T, n), the arm's exact joint positions
+    (MuJoCo ``qpos``) at the instant the telemetry was read, before the encoder quantised them:
+    what a camera sees. It is not a Contract-1 key (the writer refuses it).
     """
     kin = kin or (Kinematics(platform) if platform.n > 1 else None)
     jobs = [(task, r) for task in tasks for r in range(reps)]
@@ -104,9 +109,12 @@ def run_tasks(
                        for p in plans], axis=1)  # (t_max, n_envs)
     keys = (*REQUIRED_KEYS, "pwm", "current")
     logs = {k: np.zeros((t_max, n_envs, n)) for k in keys}
+    q_true = np.zeros((t_max, n_envs, n)) if true_state else None
     for k in range(t_max):
         if k in onsets:
             _switch_faults_on(world, plans, onsets[k])
+        if q_true is not None:
+            q_true[k] = world.joint_positions()
         tel = world.telemetry()  # read the registers, then write the next goal
         world.set_goal(goals[k])
         world.set_torque_enabled(enables[k])
@@ -131,6 +139,8 @@ def run_tasks(
             torque_enable=p.torque_enable,
             timestamp=np.arange(L) * platform.control_dt,
         )
+        if q_true is not None:
+            frames["q_true"] = q_true[:L, e]
         meta = dict(p.meta, split=split_for(r, reps), synthetic=True,
                     initial_temperature=[round(float(x), 3) for x in temps[e]])
         episodes.append((task, frames, meta))
@@ -214,6 +224,48 @@ def replay_commands(platform: Platform, commands: np.ndarray, q0: np.ndarray,
         world.step(platform.control_dt)
     logs["kp"] = np.asarray(world.servo.p["kp"], dtype=np.float64).reshape(-1)[:n].copy()
     return logs
+
+
+def true_joint_states(dataset, episodes: list[int]) -> dict[int, np.ndarray]:
+    """The exact joint positions (T, n) of synthetic episodes, regenerated from the world the
+    dataset's ``meta/info.json`` records (``nactuator.metadata``: world, seed, tasks,
+    trajectories per task, seconds). ``dataset``: a :class:`~nactuator.data.schema.Dataset`.
+
+    Each episode's task is re-run with all its repetitions (an arm depends only on the seed,
+    its task and its repetition) and the regenerated telemetry must equal the stored ``q``
+    bit for bit, so a dataset edited after synthesis, or written by another version of the
+    world, is refused instead of silently getting another arm's truth.
+    """
+    meta = dataset.info.get("nactuator", {}).get("metadata", {}) or {}
+    where = f"{dataset.root}/meta/info.json"
+    if not meta.get("synthetic") or "world" not in meta:
+        raise DataFormatError(f"{where}: not a synthetic dataset (no nactuator.metadata.world); "
+                              "its true joint state is unknown (use the stored q instead)")
+    plat = load_platform(dataset.platform)
+    params = WorldParams.from_dict(meta["world"])
+    reps, seed, seconds = int(meta["trajectories_per_task"]), int(meta["seed"]), meta["seconds"]
+    by_task: dict[str, list[int]] = {}
+    for i in episodes:
+        by_task.setdefault(dataset.episodes[i].task, []).append(i)
+    out: dict[int, np.ndarray] = {}
+    kin = Kinematics(plat) if plat.n > 1 else None
+    for task, idx in by_task.items():
+        runs = run_tasks(plat, params, [task], reps, seed, seconds, kin, true_state=True)
+        for i in idx:
+            ep = dataset.episodes[i]
+            rep = ep.meta.get("repetition")
+            if not isinstance(rep, int) or not 0 <= rep < len(runs):
+                raise DataFormatError(f"{dataset.root}: episode {ep.index} ({task}): episode "
+                                      f"meta 'repetition' {rep!r} is not one of 0..{reps - 1}")
+            frames = runs[rep][1]
+            q = frames["q"].astype(np.float32)
+            if q.shape != ep.frames["q"].shape or not np.array_equal(q, ep.frames["q"]):
+                raise DataFormatError(
+                    f"{dataset.root}: episode {ep.index} ({task}, repetition {rep}): the world "
+                    "regenerated from meta/info.json does not reproduce the stored q (edited "
+                    "dataset or another version of the world); use the stored q instead")
+            out[i] = frames["q_true"]
+    return out
 
 
 def task_targets(platform: Platform, tasks: list[str], reps: range, seed: int,

@@ -4,11 +4,16 @@ boundary jitter, a one-pixel erosion or dilation, a partial occlusion, missed fr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy import ndimage
 
-__all__ = ["MaskNoise", "add_mask_noise"]
+from nactuator.errors import UserError
+from nactuator.paths import conf_dir
+from nactuator.platforms import read_yaml_mapping
+
+__all__ = ["MaskNoise", "add_mask_noise", "load_mask_noise", "noise_path"]
 
 
 @dataclass(frozen=True)
@@ -43,3 +48,29 @@ def add_mask_noise(masks: np.ndarray, noise: MaskNoise, seed: int = 0) -> np.nda
                 m[y0:y0 + side, x0:x0 + side] = False
         out[i] = m
     return out
+
+
+def noise_path(name_or_path: str | Path) -> Path:
+    """``conf/vision/noise/<name>.yaml``, or the path itself if it names a YAML file."""
+    p = Path(name_or_path)
+    return p if p.suffix in (".yaml", ".yml") else conf_dir() / "vision" / "noise" / f"{p}.yaml"
+
+
+def load_mask_noise(name_or_path: str | Path) -> MaskNoise:
+    """A :class:`MaskNoise` from a YAML file; every field must be there, a probability in
+    [0, 1] (``occlusion_size`` in (0, 1])."""
+    path = noise_path(name_or_path)
+    cfg = read_yaml_mapping(path, UserError, "mask noise file")
+    fields = list(MaskNoise.__dataclass_fields__)
+    unknown, missing = sorted(set(cfg) - set(fields)), [f for f in fields if f not in cfg]
+    if unknown or missing:
+        raise UserError(f"{path}: unknown key(s) {unknown}, missing key(s) {missing}; expected "
+                        f"{fields}")
+    values = {}
+    for f in fields:
+        v = cfg[f]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1 \
+                or (f == "occlusion_size" and v == 0):
+            raise UserError(f"{path}: {f}: expected a number in [0, 1], got {v!r}")
+        values[f] = float(v)
+    return MaskNoise(**values)

@@ -393,6 +393,11 @@ class World:
 
     # -- telemetry ----------------------------------------------------------------------
 
+    def joint_positions(self) -> np.ndarray:
+        """The exact joint positions (n_envs, n) in joint units, unquantised: the hidden truth
+        the encoders read (``telemetry()["q"]`` is this, quantised) and a camera sees."""
+        return np.stack([d.qpos[:self.n] for d in self.datas])
+
     def ee_position(self) -> np.ndarray:
         out = np.zeros((self.n_envs, 3))
         b = self.ee_body
