@@ -250,6 +250,7 @@ def _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, fold) -> dict
     idle = res[skip:-skip, pairs + test]
     false_alarm = float(detect(idle.reshape(-1, idle.shape[-1]), thr).mean())
     det, delays, iso, iso_tip, err_cm, err_tip_cm, ferr, ferr_tip = [], [], [], [], [], [], [], []
+    pressed = []
     for e in test:
         on = np.flatnonzero(mag[:, e] > 0)
         hold = np.flatnonzero(mag[:, e] >= 0.999 * mag[:, e].max())
@@ -269,6 +270,7 @@ def _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, fold) -> dict
         p_true, _, _ = surf.world_points(q, k, data["local"][e])
         f_true = data["force"][hold, e].mean(0)
         iso.append(est.link == k)
+        pressed.append(k)
         err_cm.append(100 * float(np.linalg.norm(est.point_world - p_true[0])))
         ferr.append(float(abs(np.linalg.norm(est.force) - np.linalg.norm(f_true))))
         # Today's tip-only estimate: the residual as an end-effector force at the EE point.
@@ -285,7 +287,11 @@ def _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, fold) -> dict
             "isolation": float(np.mean(iso)), "localisation_cm": float(np.median(err_cm)),
             "force_err_n": float(np.median(ferr)), "tip_isolation": float(np.mean(iso_tip)),
             "tip_localisation_cm": float(np.median(err_tip_cm)),
-            "tip_force_err_n": float(np.median(ferr_tip)), "events": len(det)}
+            "tip_force_err_n": float(np.median(ferr_tip)), "events": len(det),
+            # per pressed link (NaN where the fold pressed it on no run >= 2 N)
+            **{f"isolation_{nm}": (float(np.mean([i for i, kk in zip(iso, pressed, strict=True)
+                                                   if kk == k])) if k in pressed else np.nan)
+               for k, nm in enumerate(surf.names)}}
 
 
 def _plot(summary: dict, path: Path) -> None:
