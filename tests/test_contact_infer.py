@@ -55,8 +55,8 @@ def test_a_press_is_reported_on_the_pressed_link(runs):
         assert (links == "gripper").mean() >= 0.8  # and on the link the world pressed
         force = rows[["contact_fx", "contact_fy", "contact_fz"]].to_numpy()
         true = ep.frames["contact_force"][hold]
-        # The force's direction (its magnitude is under-estimated by the shipped bundle on
-        # this unseen arm: docs/contact.md, "Measured").
+        # The force's direction; its magnitude is under-estimated (about 2 N of 8 here): the
+        # model's tau is the net torque, loads included (docs/contact.md, "Measured").
         cos = np.sum(force * true, axis=1) / (np.linalg.norm(force, axis=1) * 8.0)
         assert np.median(cos) > 0.7
     assert "labelled contact frames" in summary
