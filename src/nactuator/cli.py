@@ -282,7 +282,16 @@ def _infer(a: argparse.Namespace) -> int:
     _check_model_paths(a.ckpt)
     from nactuator.eval.infer import infer
 
-    print(infer(a.ckpt, a.data, split=a.split, out=a.out, force_only=a.force_only))
+    print(infer(a.ckpt, a.data, split=a.split, out=a.out, force_only=a.force_only,
+                contact=a.contact))
+    return 0
+
+
+def _contact(a: argparse.Namespace) -> int:
+    _check_model_paths(a.ckpt)
+    from nactuator.eval.contact import calibrate_contact
+
+    print(calibrate_contact(a.ckpt, a.data, a.out, split=a.split, tare_seconds=a.tare_seconds))
     return 0
 
 
@@ -872,7 +881,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="CSV file for the predictions")
     s.add_argument("--force-only", action="store_true",
                    help="write force and gate only (no per-motor condition columns)")
+    s.add_argument("--contact", default=None, metavar="FILE",
+                   help="also estimate contact anywhere on the arm per frame (link, point, "
+                        "force) with this calibration of `nactuator contact calibrate` "
+                        "(docs/contact.md)")
     s.set_defaults(func=_infer)
+
+    con = sub.add_parser("contact", help="contact anywhere on the arm from the learned "
+                         "actuator torque (docs/contact.md)")
+    csub = con.add_subparsers(dest="contact_command", required=True, metavar="ACTION")
+    s = csub.add_parser("calibrate", help="detection thresholds of `infer --contact` from "
+                        "no-contact runs of your arm with one model")
+    s.add_argument("--ckpt", required=True, help=MODEL_HELP)
+    s.add_argument("--data", required=True, help="dataset path(s) of contact-free runs, comma "
+                   "separated (episodes with a force or contact label are skipped)")
+    s.add_argument("--split", default=None, choices=["train", "validation", "test"],
+                   help="episodes to calibrate on (default: all)")
+    s.add_argument("--tare-seconds", type=float, default=1.0,
+                   help="zero each episode's residual on its first this many seconds, which "
+                        "must be contact-free (0: the raw residual; default %(default)s)")
+    s.add_argument("--out", required=True, help="the calibration file (JSON) to write")
+    s.set_defaults(func=_contact)
 
     s = sub.add_parser("detect", help="fault detection on mid-run fault episodes: delay after "
                        "onset, false flags before it, per-motor localisation")

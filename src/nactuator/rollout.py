@@ -48,6 +48,7 @@ __all__ = [
     "NonFiniteRollout",
     "Rollout",
     "StreamingWindow",
+    "causal_outputs",
     "causal_windows",
     "closed_loop_rollout",
     "closed_loop_rollout_stepwise",
@@ -103,6 +104,44 @@ def causal_windows(frames: Mapping[str, object], keys: Sequence[str],
         # unfold -> (T, n, L); the window axis goes second, as in (B, L, n).
         windows[key] = padded.unfold(0, window_length, 1).permute(0, 2, 1)
     return windows
+
+
+INTERVAL_OUTPUTS = ("force_sigma", "force_lo", "force_hi")  # (T, 3) each, with the head
+
+
+def causal_outputs(actuator, recordings: Sequence[Mapping[str, object]],
+                   batch_size: int = 4096) -> list[dict[str, np.ndarray]]:
+    """The actuator on every causal window of each recording (``{key: (T, n)}`` frames, the
+    input filters already applied): per recording ``tau`` (T, n), ``force`` (T, 3),
+    ``gate`` (T,), ``condition`` (T, n), and ``force_sigma/_lo/_hi`` (T, 3) from a model
+    with the uncertainty head; float64. All windows go through the network in batches of
+    ``batch_size``, in eval mode, without autograd (the actuator's mode is restored).
+    """
+    keys = list(actuator.inputs)
+    lengths = [len(r[keys[0]]) for r in recordings]
+    per_rec = [causal_windows(r, keys, actuator.window_length) for r in recordings]
+    stacked = {k: torch.cat([w[k] for w in per_rec]) for k in [*keys, "pad"]}
+    total = stacked[keys[0]].shape[0]
+    # An exported model (models.exported) has no parameters and runs on the CPU.
+    device = next((p.device for p in actuator.parameters()), torch.device("cpu"))
+    outs: dict[str, list[torch.Tensor]] = {"tau": [], "force": [], "gate": [], "condition": []}
+    with eval_mode(actuator), torch.no_grad():
+        for start in range(0, total, batch_size):
+            window = {k: v[start:start + batch_size].to(device) for k, v in stacked.items()}
+            out = actuator(window)
+            outs["tau"].append(out["tau"].float().cpu())
+            outs["force"].append(out["force"].float().cpu())
+            outs["gate"].append(out["gate"].reshape(-1).float().cpu())
+            outs["condition"].append(out["condition"].float().cpu())
+            for key in INTERVAL_OUTPUTS:
+                if key in out:
+                    outs.setdefault(key, []).append(out[key].float().cpu())
+    flat = {k: torch.cat(v).numpy().astype(np.float64) for k, v in outs.items()}
+    results, offset = [], 0
+    for length in lengths:
+        results.append({k: v[offset:offset + length] for k, v in flat.items()})
+        offset += length
+    return results
 
 
 class StreamingWindow:

@@ -10,11 +10,14 @@ dynamics (:mod:`nactuator.sim.dynamics`) and one of these motor-torque sources:
 - ``oracle``: the world's true joint torque (separates estimator error from model error);
 - ``current_id``: the classical residual, a per-joint affine map of the servo's telemetry
   (current, else the effort signal) fitted to ID torque on the training folds' twins;
-- a learned actuator model would slot in here (not measured yet; docs/contact.md).
+- a learned actuator model (``--ckpt NAME=PATH``): its torque on every causal window of the
+  run, the path ``nactuator infer`` runs (input filters, :func:`nactuator.rollout.causal_outputs`);
+  ``{fold}`` in PATH names a per-fold model (e.g. adapted on that fold's training twins).
 
 ``tip_only`` is today's estimate: the residual projected onto an end-effector force.
 
-    PYTHONPATH=src python -m nactuator.contact.experiment --pairs 40 --folds 5 --out runs/contact
+    PYTHONPATH=src python -m nactuator.contact.experiment --pairs 40 --folds 5 --out runs/contact \
+        --ckpt learned=pretrained/so101
 """
 
 from __future__ import annotations
@@ -27,14 +30,30 @@ import numpy as np
 import torch
 
 from nactuator.atomic import write_json, write_png
+from nactuator.data.commands import command_channels
+from nactuator.data.writer import DatasetWriter
+from nactuator.errors import UserError
+from nactuator.input_filters import filter_inputs
+from nactuator.models import load_model
 from nactuator.platforms import load_platform
+from nactuator.rollout import causal_outputs
 from nactuator.sim.dynamics import ArmDynamics
 from nactuator.world import World, load_world
 
-from .estimate import _pyramid, calibrate_threshold, detect, isolate, localise
+from .estimate import (
+    EDGE_FRAMES,
+    _pyramid,
+    calibrate_threshold,
+    detect,
+    external_torque,
+    isolate,
+    localise,
+)
 from .surface import LinkSurfaces, load_contact_config
 
-__all__ = ["run_world", "evaluate"]
+__all__ = ["evaluate", "model_torque", "run_world", "write_dataset"]
+
+RECORDED = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "current", "pwm")
 
 
 def _schedule(t: np.ndarray, start: float, ramp: float, hold: float) -> np.ndarray:
@@ -44,8 +63,12 @@ def _schedule(t: np.ndarray, start: float, ramp: float, hold: float) -> np.ndarr
     return up - down
 
 
-def run_world(platform: str, pairs: int, seed: int, seconds: float = 5.0) -> dict:
-    """Simulate ``pairs`` contact runs and their twins; returns per-frame arrays."""
+def run_world(platform: str, pairs: int, seed: int, seconds: float = 5.0,
+              press_link: str | None = None, magnitude: float | None = None) -> dict:
+    """Simulate ``pairs`` contact runs and their twins; returns per-frame arrays.
+
+    ``press_link`` / ``magnitude`` press every run on that link / with that peak force [N] instead
+    of the drawn ones (the draws are made anyway, so every other choice stays the same)."""
     p = load_platform(platform)
     cfg = load_contact_config(p)
     surf = LinkSurfaces.build(p, cfg)
@@ -60,6 +83,14 @@ def run_world(platform: str, pairs: int, seed: int, seconds: float = 5.0) -> dic
     mag = rng.uniform(1.0, 10.0, pairs)
     start = rng.uniform(1.5, 2.5, pairs)
     tang = rng.uniform(-1, 1, (pairs, 4)) * float(cfg["friction"]) * 0.9
+    if press_link is not None:
+        if press_link not in surf.names:
+            raise UserError(f"link {press_link!r}: not a contact link of {p.name} "
+                            f"(conf/contact/{p.name}.yaml: {', '.join(surf.names)})")
+        link = np.full(pairs, surf.names.index(press_link))
+        point_idx = np.array([rng.integers(len(surf.points[k])) for k in link])
+    if magnitude is not None:
+        mag = np.full(pairs, float(magnitude))
     frames = int(round(seconds / p.control_dt))
     t = np.arange(frames) * p.control_dt
     sched = np.stack([_schedule(t, s, 0.2, 1.2) for s in start], 1) * mag  # (T, pairs)
@@ -68,14 +99,14 @@ def run_world(platform: str, pairs: int, seed: int, seconds: float = 5.0) -> dic
     q0 = np.concatenate([postures, postures])
     world.reset(q0)
     world.step(float(params.physics["settle_seconds"]))
-    logs = {k: np.zeros((frames, 2 * pairs, n)) for k in ("q", "qd", "effort", "current",
-                                                          "torque_true")}
+    logs = {k: np.zeros((frames, 2 * pairs, n)) for k in (*RECORDED, "torque_true")}
     f_world = np.zeros((frames, pairs, 3))
     local = np.stack([surf.points[k][i] for k, i in zip(link, point_idx, strict=True)])
     normal_local = np.stack([surf.normals[k][i] for k, i in zip(link, point_idx, strict=True)])
     bodies = np.concatenate([surf.bodies[link], np.full(pairs, -1)])
     for k in range(frames):
         tel = world.telemetry()
+        tel["q_cmd"] = world.goal()  # held: the posture
         for key in logs:
             logs[key][k] = tel[key]
         # The push direction in the base frame, into the surface at the current pose.
@@ -92,24 +123,69 @@ def run_world(platform: str, pairs: int, seed: int, seconds: float = 5.0) -> dic
         world.set_link_contact(np.where(np.abs(force).sum(1) > 0, bodies, -1),
                                np.concatenate([local, local]), force)
         world.step(p.control_dt)
+    kp = np.asarray(world.servo.p["kp"], dtype=float).reshape(-1)[:n]
     return {"logs": logs, "force": f_world, "link": link, "local": local, "t": t,
-            "control_dt": p.control_dt, "platform": p.name}
+            "control_dt": p.control_dt, "platform": p.name, "kp": kp,
+            "bodies": surf.bodies[link], "seed": seed}
 
 
-def _residual(dyn: ArmDynamics, q: np.ndarray, qd: np.ndarray, tau_motor: np.ndarray,
-              dt: float) -> np.ndarray:
-    """tau_ext = ID(q, qd, qdd) - tau_motor per frame; qdd from the smoothed velocity."""
-    k = np.ones(5) / 5
-    qd_s = np.apply_along_axis(lambda x: np.convolve(x, k, mode="same"), 0, qd)
-    qdd = np.gradient(qd_s, dt, axis=0)
-    with torch.no_grad():
-        tau_id = dyn.inverse_dynamics(torch.as_tensor(q, dtype=torch.float64),
-                                      torch.as_tensor(qd_s, dtype=torch.float64),
-                                      torch.as_tensor(qdd, dtype=torch.float64)).numpy()
-    return tau_id - tau_motor
+def _run_frames(data: dict, e: int) -> dict[str, np.ndarray]:
+    """Run ``e``'s recorded channels (T, n) plus the derived command channels."""
+    frames = {k: data["logs"][k][:, e].astype(np.float32) for k in RECORDED}
+    return {**frames, **command_channels(frames, {"kp": [float(x) for x in data["kp"]]},
+                                         f"contact run {e}")}
 
 
-def evaluate(data: dict, folds: int = 5) -> dict:
+def model_torque(ckpt: str, data: dict) -> np.ndarray:
+    """(T, runs, n) the actuator model's torque on every run: the causal path of ``infer``
+    (the bundle's input filters, then every window through the network)."""
+    actuator, meta = load_model(ckpt, expect_platform=data["platform"])
+    if actuator.mode != "telemetry":
+        raise UserError(f"{ckpt}: a {actuator.mode} model; the contact residual needs the "
+                        "motor torque read from telemetry (a telemetry-mode model)")
+    runs = data["logs"]["q"].shape[1]
+    recs = [filter_inputs(_run_frames(data, e), meta["input_filters"])[0] for e in range(runs)]
+    return np.stack([o["tau"] for o in causal_outputs(actuator, recs)], 1)
+
+
+def write_dataset(data: dict, root: str | Path, folds: int = 5, fold: int | None = None) -> Path:
+    """The runs as a nactuator dataset with per-frame contact labels (docs/contact.md).
+
+    Tasks ``contact_press`` and ``no_contact`` (the twins: ``ee_force`` labelled 0 N). With
+    ``fold`` only the twins, that fold's held-out ones in split test and the rest in train
+    (what ``nactuator adapt`` fine-tunes on: the user's contact-free calibration runs).
+    """
+    p = load_platform(data["platform"])
+    pairs = data["link"].size
+    fold_of = np.arange(pairs) % folds
+    T = data["logs"]["q"].shape[0]
+    with DatasetWriter(root, p, fps=p.fps, metadata={"contact_experiment": {
+            "pairs": int(pairs), "folds": folds, "fold": fold, "seed": int(data["seed"])}}) as w:
+        for e in range(2 * pairs):
+            pair, press = e % pairs, e < pairs
+            if fold is not None and press:
+                continue
+            frames = {k: data["logs"][k][:, e] for k in RECORDED}
+            frames["payload_mass"] = np.zeros(T)
+            link = np.full(T, np.nan)
+            point, force = np.full((T, 3), np.nan), np.full((T, 3), np.nan)
+            if press:
+                on = np.linalg.norm(data["force"][:, pair], axis=1) > 0
+                link[on] = data["bodies"][pair]
+                point[on] = data["local"][pair]
+                force[on] = data["force"][on, pair]
+            else:
+                frames["force"] = np.zeros((T, 3))
+            frames.update(contact_link=link, contact_point=point, contact_force=force)
+            split = ("test" if fold_of[pair] == (fold if fold is not None else folds - 1)
+                     else "train")
+            w.add_episode(frames, "contact_press" if press else "no_contact", split,
+                          episode_meta={"kp": [float(x) for x in data["kp"]],
+                                        "contact_pair": int(pair), "fold": int(fold_of[pair])})
+    return Path(root)
+
+
+def evaluate(data: dict, folds: int = 5, models: dict[str, str] | None = None) -> dict:
     p = load_platform(data["platform"])
     cfg = load_contact_config(p)
     surf = LinkSurfaces.build(p, cfg)
@@ -118,8 +194,12 @@ def evaluate(data: dict, folds: int = 5) -> dict:
     pairs = data["link"].size
     envs = 2 * pairs
     signal = "current" if np.isfinite(logs["current"]).all() else "effort"
-    tau_id = np.stack([_residual(dyn, logs["q"][:, e], logs["qd"][:, e],
-                                 np.zeros_like(logs["q"][:, e]), dt) for e in range(envs)], 1)
+    tau_id = np.stack([external_torque(dyn, logs["q"][:, e], logs["qd"][:, e],
+                                       np.zeros_like(logs["q"][:, e]), dt)
+                       for e in range(envs)], 1)
+    models = models or {}
+    # A model shared by every fold runs once; a per-fold one ({fold} in its path) per fold.
+    learned = {nm: model_torque(path, data) for nm, path in models.items() if "{fold}" not in path}
     fold_of = np.arange(pairs) % folds
     mag = np.linalg.norm(data["force"], axis=2)  # (T, pairs)
     q_quant, margin = float(cfg["threshold_quantile"]), float(cfg["threshold_margin"])
@@ -138,6 +218,9 @@ def evaluate(data: dict, folds: int = 5) -> dict:
             "current_id": np.stack([np.polyval(coef[j], logs[signal][..., j])
                                     for j in range(p.n)], -1),
         }
+        for nm, path in models.items():
+            sources[nm] = (learned[nm] if nm in learned
+                           else model_torque(path.format(fold=f), data))
         for (name, tau_motor), tared in [(s, t) for s in sources.items() for t in (False, True)]:
             # ID - motor (tau_id holds ID(q, qd, qdd)); only the joints that move a contact
             # link (the gripper's jaw joint carries none of these contacts).
@@ -145,7 +228,7 @@ def evaluate(data: dict, folds: int = 5) -> dict:
             if tared:  # zeroed on the run's first contact-free second, as a tared F/T sensor
                 res = res - res[tare].mean(0, keepdims=True)
                 name = f"{name}_tared"
-            skip = 10  # filter edge frames
+            skip = EDGE_FRAMES
             thr = calibrate_threshold(res[skip:-skip, twins_train].reshape(-1, res.shape[-1]),
                                       q_quant, margin)
             rows.setdefault(name, []).append(
@@ -157,7 +240,7 @@ def evaluate(data: dict, folds: int = 5) -> dict:
                              "std": float(np.nanstd([r[k] for r in rs])),
                              "per_fold": [r[k] for r in rs]} for k in keys}
     summary["meta"] = {"pairs": int(pairs), "folds": folds, "signal": signal,
-                       "frames": int(logs["q"].shape[0]), "control_dt": dt}
+                       "frames": int(logs["q"].shape[0]), "control_dt": dt, "models": models}
     return summary
 
 
@@ -167,6 +250,7 @@ def _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, fold) -> dict
     idle = res[skip:-skip, pairs + test]
     false_alarm = float(detect(idle.reshape(-1, idle.shape[-1]), thr).mean())
     det, delays, iso, iso_tip, err_cm, err_tip_cm, ferr, ferr_tip = [], [], [], [], [], [], [], []
+    pressed = []
     for e in test:
         on = np.flatnonzero(mag[:, e] > 0)
         hold = np.flatnonzero(mag[:, e] >= 0.999 * mag[:, e].max())
@@ -186,6 +270,7 @@ def _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, fold) -> dict
         p_true, _, _ = surf.world_points(q, k, data["local"][e])
         f_true = data["force"][hold, e].mean(0)
         iso.append(est.link == k)
+        pressed.append(k)
         err_cm.append(100 * float(np.linalg.norm(est.point_world - p_true[0])))
         ferr.append(float(abs(np.linalg.norm(est.force) - np.linalg.norm(f_true))))
         # Today's tip-only estimate: the residual as an end-effector force at the EE point.
@@ -202,7 +287,11 @@ def _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, fold) -> dict
             "isolation": float(np.mean(iso)), "localisation_cm": float(np.median(err_cm)),
             "force_err_n": float(np.median(ferr)), "tip_isolation": float(np.mean(iso_tip)),
             "tip_localisation_cm": float(np.median(err_tip_cm)),
-            "tip_force_err_n": float(np.median(ferr_tip)), "events": len(det)}
+            "tip_force_err_n": float(np.median(ferr_tip)), "events": len(det),
+            # per pressed link (NaN where the fold pressed it on no run >= 2 N)
+            **{f"isolation_{nm}": (float(np.mean([i for i, kk in zip(iso, pressed, strict=True)
+                                                   if kk == k])) if k in pressed else np.nan)
+               for k, nm in enumerate(surf.names)}}
 
 
 def _plot(summary: dict, path: Path) -> None:
@@ -233,6 +322,25 @@ def _plot(summary: dict, path: Path) -> None:
     write_png(path, fig)
 
 
+def _runs(a: argparse.Namespace, path: Path) -> dict:
+    """The world runs: simulated, or read back from ``path`` (``--reuse``, same arguments)."""
+    key = [a.platform, a.pairs, a.seed, a.seconds]
+    if a.reuse and path.is_file():
+        z = np.load(path, allow_pickle=False)
+        if [str(x) for x in z["key"]] == [str(x) for x in key]:
+            logs = {k.removeprefix("log_"): z[k] for k in z.files if k.startswith("log_")}
+            return {"logs": logs, **{k: z[k] for k in ("force", "link", "local", "t", "kp",
+                                                     "bodies")},
+                    "control_dt": float(z["control_dt"]), "platform": str(z["platform"]),
+                    "seed": int(z["seed"])}
+        print(f"{path}: made with {list(z['key'])}, not {key}; simulating again")
+    data = run_world(a.platform, a.pairs, a.seed, a.seconds)
+    np.savez(path, key=np.array([str(x) for x in key]),
+             **{f"log_{k}": v for k, v in data["logs"].items()},
+             **{k: v for k, v in data.items() if k != "logs"})
+    return data
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--platform", default="so101")
@@ -241,11 +349,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--out", default="runs/contact")
+    ap.add_argument("--ckpt", action="append", default=[], metavar="NAME=PATH",
+                    help="a learned residual source: the actuator model at PATH (a checkpoint, "
+                         "bundle or pretrained/NAME; '{fold}' in PATH: one model per fold); "
+                         "repeatable")
+    ap.add_argument("--dataset", default=None, metavar="DIR",
+                    help="also write the runs as a dataset with contact labels (DIR/all) and "
+                         "each fold's twins (DIR/fold_K: train = its training twins)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="reuse OUT/runs.npz from an earlier call with the same world arguments")
     a = ap.parse_args(argv)
+    models = {}
+    for item in a.ckpt:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            ap.error(f"--ckpt {item!r}: expected NAME=PATH")
+        models[name] = path
     torch.set_num_threads(1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = evaluate(run_world(a.platform, a.pairs, a.seed, a.seconds), a.folds)
+    data = _runs(a, out / "runs.npz")
+    if a.dataset:
+        write_dataset(data, Path(a.dataset) / "all", a.folds)
+        for f in range(a.folds):
+            write_dataset(data, Path(a.dataset) / f"fold_{f}", a.folds, fold=f)
+    summary = evaluate(data, a.folds, models)
     write_json(out / "summary.json", summary)
     _plot(summary, out / "contact.png")
     print(json.dumps({k: {m: round(v["mean"], 4) for m, v in s.items()}

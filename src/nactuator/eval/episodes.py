@@ -42,9 +42,14 @@ def condition_labels(ep: Episode, n: int) -> np.ndarray:
 
 
 def is_no_contact(ep: Episode) -> bool:
-    """No labelled contact anywhere: a free-motion run or a matched no-contact reference."""
-    f = np.nan_to_num(force_labels(ep), nan=0.0)
-    return not bool((np.linalg.norm(f, axis=1) > CONTACT_THRESHOLD_N).any())
+    """No labelled contact anywhere: a free-motion run or a matched no-contact reference
+    (neither an end-effector force nor a contact on any link, ``contact_force``, above the
+    contact threshold)."""
+    for f in (force_labels(ep), ep.frames.get("contact_force")):
+        if f is not None and (np.linalg.norm(np.nan_to_num(np.asarray(f, np.float64), nan=0.0),
+                                             axis=1) > CONTACT_THRESHOLD_N).any():
+            return False
+    return True
 
 
 def load_episodes(data, platform: Platform, split: str | None,

@@ -32,14 +32,13 @@ from nactuator.eval.episodes import (
 )
 from nactuator.models import load_model
 from nactuator.platforms import load_platform
-from nactuator.rollout import causal_windows, eval_mode
+from nactuator.rollout import causal_outputs
 
 __all__ = ["BATCH_SIZE", "infer", "predict_episodes"]
 
 BATCH_SIZE = 4096  # windows per forward pass; ~1-2 MB of input, fast on any CPU
 
 
-INTERVAL_OUTPUTS = ("force_sigma", "force_lo", "force_hi")  # (T, 3) each, with the head
 AXES = ("x", "y", "z")
 
 
@@ -47,41 +46,12 @@ def predict_episodes(actuator, episodes: Sequence[Episode],
                      batch_size: int = BATCH_SIZE) -> list[dict[str, np.ndarray]]:
     """Per episode: ``tau`` (T, n), ``force`` (T, 3), ``gate`` (T,), ``condition`` (T, n)
     for every frame; a model with the uncertainty head adds ``force_sigma``, ``force_lo``
-    and ``force_hi`` (T, 3).
+    and ``force_hi`` (T, 3) (:func:`nactuator.rollout.causal_outputs`).
 
     Runs in eval mode (no dropout) without autograd; the actuator's mode is restored.
     """
-    with eval_mode(actuator), torch.no_grad():
-        return _predict(actuator, episodes, batch_size)
-
-
-def _predict(actuator, episodes: Sequence[Episode],
-             batch_size: int) -> list[dict[str, np.ndarray]]:
-    keys = list(actuator.inputs)
-    check_inputs(episodes, keys)
-    per_ep = [causal_windows(ep.frames, keys, actuator.window_length) for ep in episodes]
-    stacked = {k: torch.cat([w[k] for w in per_ep]) for k in [*keys, "pad"]}
-    total = stacked[keys[0]].shape[0]
-    # An exported model (models.exported) has no parameters and runs on the CPU.
-    device = next((p.device for p in actuator.parameters()), torch.device("cpu"))
-    outs: dict[str, list[torch.Tensor]] = {"tau": [], "force": [], "gate": [], "condition": []}
-    for start in range(0, total, batch_size):
-        window = {k: v[start:start + batch_size].to(device) for k, v in stacked.items()}
-        out = actuator(window)
-        outs["tau"].append(out["tau"].float().cpu())
-        outs["force"].append(out["force"].float().cpu())
-        outs["gate"].append(out["gate"].reshape(-1).float().cpu())
-        outs["condition"].append(out["condition"].float().cpu())
-        for key in INTERVAL_OUTPUTS:
-            if key in out:
-                outs.setdefault(key, []).append(out[key].float().cpu())
-    flat = {k: torch.cat(v).numpy().astype(np.float64) for k, v in outs.items()}
-    results, offset = [], 0
-    for ep in episodes:
-        sl = slice(offset, offset + ep.length)
-        results.append({k: v[sl] for k, v in flat.items()})
-        offset += ep.length
-    return results
+    check_inputs(episodes, list(actuator.inputs))
+    return causal_outputs(actuator, [ep.frames for ep in episodes], batch_size)
 
 
 def _write_csv(frame: pd.DataFrame, path: Path) -> None:
@@ -90,16 +60,24 @@ def _write_csv(frame: pd.DataFrame, path: Path) -> None:
 
 
 def infer(ckpt: str | os.PathLike, data, split: str | None = None,
-          out: str | os.PathLike | None = None, force_only: bool = False) -> str:
+          out: str | os.PathLike | None = None, force_only: bool = False,
+          contact: str | os.PathLike | None = None) -> str:
     """Causal estimates for every frame of ``split`` (None = all episodes) of ``data``.
 
     Writes a CSV to ``out`` (if given) with columns ``episode, frame, timestamp, fx, fy,
     fz, gate``, for a model with the uncertainty head ``force_lo_<axis>, force_hi_<axis>``
     (the calibrated 90 % interval, docs/uncertainty.md), and, unless ``force_only``,
-    ``condition_<channel>`` per motor. Returns a
-    summary: frames, throughput, and force MAE against the labels where there are any.
+    ``condition_<channel>`` per motor; with ``contact`` (a calibration file of ``nactuator
+    contact calibrate``) the contact estimate per frame: ``contact_link`` (body name, empty:
+    none), ``contact_px/py/pz`` (m, that body's frame), ``contact_fx/fy/fz`` (N, base frame;
+    :func:`nactuator.eval.contact.contact_columns`). Returns a summary: frames, throughput,
+    and force MAE (and contact rates) against the labels where there are any.
     """
     t0 = time.perf_counter()
+    if contact is not None:  # a bad calibration file fails before the model runs
+        from nactuator.contact import ContactCalibration
+
+        ContactCalibration.load(contact)
     actuator, meta = load_model(ckpt)  # a checkpoint, bundle or exported .pt/.onnx
     platform = load_platform(meta["platform"])
     episodes = load_episodes(data, platform, split)
@@ -112,6 +90,13 @@ def infer(ckpt: str | os.PathLike, data, split: str | None = None,
     preds = predict_episodes(actuator, episodes)
     model_s = time.perf_counter() - t1
     frames = sum(ep.length for ep in episodes)
+    contact_cols, contact_lines = {}, []
+    if contact is not None:
+        from nactuator.eval.contact import contact_columns  # mujoco + scipy: only when asked
+
+        t2 = time.perf_counter()
+        contact_cols, contact_lines = contact_columns(platform, episodes, preds, contact, ckpt)
+        contact_lines.append(f"  contact estimate: {time.perf_counter() - t2:.2f} s")
 
     if out is not None:
         columns: dict[str, np.ndarray] = {
@@ -130,6 +115,7 @@ def infer(ckpt: str | os.PathLike, data, split: str | None = None,
             cond = np.concatenate([p["condition"] for p in preds])
             for j, name in enumerate(platform.channel_names):
                 columns[f"condition_{name}"] = cond[:, j]
+        columns.update(contact_cols)
         _write_csv(pd.DataFrame(columns), Path(out))
 
     lines = [f"infer: {len(episodes)} episode(s), {frames} frames of "
@@ -152,5 +138,6 @@ def infer(ckpt: str | os.PathLike, data, split: str | None = None,
         lines.append(f"no-contact runs ({len(quiet)}): false-contact rate "
                      f"{100 * nc['false_contact_rate']:.1f} %, mean |f| "
                      f"{nc['mean_force_norm']:.3f} N")
+    lines.extend(contact_lines)
     lines.append(f"CSV: {out}" if out is not None else "CSV: not written (pass --out FILE)")
     return "\n".join(lines)
