@@ -351,8 +351,8 @@ def plot(r: dict[str, Any], path: Path) -> None:
             items = [*series, ("adapted", "-.", "k")]
             for i, (model, style, color) in enumerate(items):
                 key = f"{model}/{ref if i == 3 else metric}"
-                if not points or all(s[key]["mean"] is None for s in points):
-                    continue
+                if not points or any(s[key]["mean"] is None for s in points):
+                    continue  # a series measured at only some of the panel's points
                 mean = [s[key]["mean"] for s in points]
                 lo = [s[key]["min"] if s[key]["min"] is not None else math.nan for s in points]
                 hi = [s[key]["max"] if s[key]["max"] is not None else math.nan for s in points]
@@ -370,11 +370,11 @@ def plot(r: dict[str, Any], path: Path) -> None:
             ax.set_xlabel(xlabel if col == 0 else
                           f"{xlabel} ({points[0]['record_minutes']:.1f} min)" if points else xlabel)
             ax.set_ylabel(what)
-            ax.set_ylim(bottom=0)
+            ax.set_yscale("log")  # from scratch at 1 min is several times the rest
             ax.legend(fontsize=7)
     seeds = r["config"]["seeds"]
     fig.suptitle(f"SO-101 arms outside the pretraining's randomisation ({r['config']['world']}, "
-                 f"seeds {', '.join(map(str, seeds))}): mean, band = range over seeds")
+                 f"seeds {', '.join(map(str, seeds))}): mean, band = range over seeds", fontsize=10)
     fig.tight_layout()
     write_png(path, fig, dpi=90)
 
