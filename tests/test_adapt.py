@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -222,6 +223,8 @@ def test_adapt_writes_the_curve_and_n0_is_the_checkpoint(pretrained, new_data, t
         assert all(e.meta["adapt_source"]["episode_index"] not in held for e in train)
         assert p["metrics"]["arm mean (deg), model"] != n0["arm mean (deg), model"]
         assert p["fit_s"] > 0 and p["process_s"] >= p["fit_s"]
+        # CPU seconds of the fit (the cost on one free core), bounded by the cores it had
+        assert 0 < p["fit_cpu_s"] <= p["process_s"] * (os.cpu_count() or 1)
         ft, meta = load_actuator(p["checkpoint"])
         assert meta["model_config"]["d_model"] == 16
     if len(counts) == 2:

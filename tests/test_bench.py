@@ -218,3 +218,75 @@ def test_bench_time_to_accuracy_plots_cv_runs_against_training_cpu(tmp_path, cap
     assert row_old[1] == "0, 1" and row_old[2] == "410 ± 14" and row_old[3] == "615 ± 21"
     assert row_new[2] == "95 ± 7" and row_new[5] == "1.30 ± 0.14" and row_new[6] == "0.400 ± 0.000"
     assert png.stat().st_size > 0
+
+
+def test_bench_calibrate_curve_plans_each_point_once_in_priority_order():
+    # The first pass (every seed's minutes curve up to first_pass_max_minutes) comes first, a
+    # weights-curve point equal to a minutes-curve point is measured once, then the rest.
+    bench_main("calibrate_curve")
+    mod = sys.modules["bench_calibrate_curve"]
+    cfg = mod.load_config(BENCH.parent / "conf" / "bench" / "calibrate_curve.yaml")
+    cfg.update(seeds=[1, 2], first_pass_max_minutes=5)
+    cfg["curves"]["minutes"].update(weights_g=[400, 200], minutes=[1, 5, 20])
+    cfg["curves"]["weights"].update(minutes=5, weight_sets=[[200], [200, 400]])
+    got = [(p["seed"], tuple(p["weights"]), p["minutes"]) for p in mod.plan_points(cfg)]
+    assert got == [(1, (200, 400), 1.0), (1, (200, 400), 5.0), (2, (200, 400), 1.0),
+                   (2, (200, 400), 5.0), (1, (200,), 5.0), (2, (200,), 5.0),
+                   (1, (200, 400), 20.0), (2, (200, 400), 20.0)]
+    assert mod.tasks_for([200, 300], cfg) == [
+        "go_up_and_stay_still_200g", "pick_and_place_200g", "go_up_and_stay_still_300g",
+        "pick_and_place_300g", "pick_and_place_empty"]
+
+
+def test_bench_calibrate_curve_config_error_names_the_file(tmp_path):
+    bench_main("calibrate_curve")
+    mod = sys.modules["bench_calibrate_curve"]
+    bad = tmp_path / "curve.yaml"
+    bad.write_text("platform: so101\nseeds: [1]\n")
+    with pytest.raises(mod.UserError, match=rf"{re.escape(str(bad))}: expected the keys"):
+        mod.load_config(bad)
+
+
+@pytest.mark.slow
+def test_bench_calibrate_curve_runs_resumes_and_summarises_over_seeds(tmp_path, monkeypatch,
+                                                                       capsys):
+    # Tiny sizes: 2 arms, 5 tasks of 3 runs of 2 s (1 train, 1 validation, 1 test), 8 steps.
+    from nactuator.data import read_dataset
+
+    monkeypatch.chdir(BENCH.parent)  # the config's paths are relative to the project
+    out = tmp_path / "cc"
+    args = ["--out", str(out), "--seeds", "3", "4", "--minutes", "0.1", "--weight-sets", "200",
+            "--weights-minutes", "0.1", "--trajectories-per-task", "3", "--run-seconds", "2",
+            "--steps", "8"]
+    bench_main("calibrate_curve")(args)
+    text = capsys.readouterr().out
+    saved = json.loads((out / "curve.json").read_text())
+    assert len(saved["rows"]) == 4  # 2 seeds x {200+400 g, 200 g} at 0.1 min
+    for r in saved["rows"]:
+        subset = read_dataset(out / f"seed_{r['seed']}" / ("w" + "-".join(map(str, r["weights"])))
+                              / "adapt" / "data" / f"n_{r['runs']:03d}")
+        train = [e.task for e in subset.episodes if e.split == "train"]
+        test = sorted(e.task for e in subset.episodes if e.split == "test")
+        # N = 0.1 min / 2 s = 3 runs, of the point's weights (and the empty gripper) only
+        assert r["runs"] == 3 == len(train) and r["steps"] == 8
+        assert set(train) <= set(sys.modules["bench_calibrate_curve"].tasks_for(
+            r["weights"], saved["config"]))
+        # the same held-out runs for every point: the test run of every task
+        assert test == sorted(sys.modules["bench_calibrate_curve"].tasks_for(
+            [200, 400], saved["config"]))
+        assert ("scratch" in r) == (r["weights"] == [200, 400])
+        assert r["adapt_fit_cpu_s"] > 0
+    # the summary: the mean over the two seeds of each point, read back from the table
+    for s in saved["summary"]:
+        rows = [r for r in saved["rows"] if r["weights"] == s["weights"]]
+        assert s["seeds"] == [3, 4]
+        assert s["adapted/joints"]["mean"] == pytest.approx(
+            np.mean([r["adapted"]["joints"] for r in rows]))
+        w = "+".join(map(str, s["weights"]))
+        [row] = [r for r in table_rows(text, w) if r[0] == w]
+        assert number(row[5]) == pytest.approx(s["adapted/joints"]["mean"], abs=0.006)
+    assert (out / "curve.png").stat().st_size > 0
+    # a rerun measures nothing again
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("points/*.json")}
+    bench_main("calibrate_curve")(args)
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("points/*.json")} == stamps

@@ -239,7 +239,7 @@ def _fine_tune(n: int, platform: str, data: Path, ckpt: Path, train_config: Path
         raise AdaptError(f"{run_dir}: fine-tuning left no {EPOCH_CKPT_GLOB} (the train "
                          "config must keep a checkpoint per epoch); see train.log")
     record = {"command": command, "process_s": process_s, "fit_s": clock[-1]["seconds"],
-              "clock": clock}
+              "fit_cpu_s": clock[-1].get("cpu_seconds"), "clock": clock}
     write_json(done, record)
     return record
 
@@ -444,7 +444,8 @@ def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence
                                        "reduction": _reduction(base[metric], row.get(metric))})
             points.append({"n": n, "episodes": [r.label() for r, _ in plan.pool[:n]],
                            "checkpoint": str(epochs[-1][1]), "metrics": row,
-                           "fit_s": run["fit_s"], "process_s": run["process_s"],
+                           "fit_s": run["fit_s"], "fit_cpu_s": run.get("fit_cpu_s"),
+                           "process_s": run["process_s"],
                            "reduction": _reduction(base[metric], row.get(metric))})
             bar.set_postfix_str(f"N = {n}: {metric} {_fmt(row.get(metric), _digits(metric))}")
             bar.update(1)

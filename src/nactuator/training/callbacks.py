@@ -135,19 +135,24 @@ CLOCK_FILE = "clock.json"  # written by AdaptClock, read by experiments.adapt
 
 class AdaptClock(L.Callback):
     """Writes ``clock.json`` in the run's root: wall seconds since the start of training
-    at the end of every epoch (what the error-vs-time curve is plotted against)."""
+    at the end of every epoch (what the error-vs-time curve is plotted against), and the
+    process's CPU seconds over the same span (on a shared machine the wall time says how
+    busy it was; the CPU time says what the fine-tune costs on one free core)."""
 
     def __init__(self) -> None:
         self.start: float | None = None
+        self.cpu_start = 0.0
         self.epochs: list[dict[str, float]] = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start = time.perf_counter()
+        self.cpu_start = time.process_time()
         self.epochs = []
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or self.start is None:
             return
         self.epochs.append({"epoch": trainer.current_epoch, "step": trainer.global_step,
-                            "seconds": time.perf_counter() - self.start})
+                            "seconds": time.perf_counter() - self.start,
+                            "cpu_seconds": time.process_time() - self.cpu_start})
         write_json(Path(trainer.default_root_dir) / CLOCK_FILE, {"epochs": self.epochs})
