@@ -150,6 +150,12 @@ class NADDataModule(L.LightningDataModule):
         cv_folds, cv_fold: serve fold ``cv_fold`` of a ``cv_folds``-fold cross-validation
             by trajectory instead of the stored splits (:mod:`nactuator.data.folds`: the
             held-out runs become the test split, the next group validates).
+        masks_camera: serve the silhouette masks of this camera (:mod:`nactuator.data.masks`;
+            every dataset must have masks of it, with one camera file): each batch then
+            carries ``masks`` (K, H, W) bool, the K masks of its frames, ``mask_index`` (B, T)
+            int64, the row of ``masks`` holding frame t's mask (-1 where the frame has none)
+            and ``mask_valid`` (B, T) = ``mask_index >= 0``; :attr:`masks_camera_file` is the
+            camera file. ``None`` (default): no masks are read or served.
     """
 
     def __init__(
@@ -166,6 +172,7 @@ class NADDataModule(L.LightningDataModule):
         eval_batch_size: int | None = None,
         cv_folds: int | None = None,
         cv_fold: int = 0,
+        masks_camera: str | None = None,
     ) -> None:
         super().__init__()
         self.paths = dataset_paths(paths)
@@ -198,11 +205,14 @@ class NADDataModule(L.LightningDataModule):
                              f"{missing_telemetry!r}")
         self.input_filters = input_filter_spec(self.temperature_median, missing_telemetry)
         self.cv = None if cv_folds is None else (int(cv_folds), int(cv_fold))
+        self.masks_camera = masks_camera
+        self.masks_camera_file: Path | None = None  # set when loaded, with masks_camera
         self.epoch = 0  # the epoch used when no Trainer is attached
         self.force_reference: LinearForceReference | None = None  # set when loaded
         self._loaded = False
         self._warned: set[int] = set()
         self._segments: dict[int, np.ndarray] = {}
+        self._row_mask: np.ndarray | None = None
 
     # -- public API ------------------------------------------------------------------
 
@@ -390,7 +400,62 @@ class NADDataModule(L.LightningDataModule):
         self._split_of = np.array([e.split for e in episodes])
         self._row_episode = row_episode
         self._row_first = row_first
+        self._row_mask = self._load_masks(episodes, real, total)
         self._loaded = True
+
+    def _load_masks(self, episodes: list[EpisodeInfo], real: np.ndarray,
+                    total: int) -> np.ndarray | None:
+        """With ``masks_camera``: every mask of every served episode in one bool array
+        (``self._masks`` (K, H, W)) and, per packed row, the index of its frame's mask
+        (-1: none; padding rows never have one). ``None`` without ``masks_camera``."""
+        camera = self.masks_camera
+        if camera is None:
+            return None
+        from nactuator.data.masks import (
+            _load_index,
+            mask_cameras,
+            mask_folder,
+            read_episode_masks,
+        )
+
+        camera_text = None
+        for root in self.paths:
+            if camera not in mask_cameras(root):
+                raise DataFormatError(
+                    f"{root}: no masks of camera {camera!r} (data.masks_camera; it has: "
+                    f"{', '.join(mask_cameras(root)) or 'none'}); render or import them "
+                    "first (docs/vision.md)")
+            cam_file = mask_folder(root, camera) / "camera.yaml"
+            text = cam_file.read_text()
+            if camera_text is None:
+                camera_text, self.masks_camera_file = text, cam_file
+            elif text != camera_text:
+                raise DataFormatError(
+                    f"{cam_file}: masks of camera {camera!r} were taken with another camera "
+                    f"file than {self.masks_camera_file}; one run renders with one camera")
+        with_masks = {root: set(_load_index(mask_folder(root, camera))["episodes"])
+                      for root in {e.dataset for e in episodes}}
+        row_mask = np.full(total, -1, dtype=np.int64)
+        stored, count, offset = [], 0, 0
+        for e in episodes:
+            frames = real[offset : offset + e.length]  # packed rows of this episode
+            offset += e.length
+            if str(e.dataset_episode) not in with_masks[e.dataset]:
+                continue  # an episode without masks is served without them
+            m = read_episode_masks(e.dataset, e.dataset_episode, camera)
+            if m.masks.shape[0] != e.length:
+                raise DataFormatError(
+                    f"{mask_folder(e.dataset, camera)}: episode {e.dataset_episode} has masks "
+                    f"for {m.masks.shape[0]} frames but {e.length} frames in the dataset")
+            idx = np.asarray(m.frame_index, dtype=np.int64)
+            row_mask[frames[idx]] = count + np.arange(len(idx))
+            stored.append(m.masks[torch.as_tensor(idx)])
+            count += len(idx)
+        if not stored:
+            raise DataFormatError(f"{', '.join(str(p) for p in self.paths)}: no episode has "
+                                  f"masks of camera {camera!r}")
+        self._masks = torch.cat(stored)
+        return row_mask
 
     def _linear_force(self, episodes: list[EpisodeInfo], parts: list[dict],
                       frames: dict[str, np.ndarray], starts: np.ndarray,
@@ -462,6 +527,15 @@ class NADDataModule(L.LightningDataModule):
             if key in ("force_valid", "payload_mass", "pad"):
                 v = v[..., 0]
             out[key] = v > 0.5 if key in _BOOL_KEYS else v
+        if self._row_mask is not None:
+            # The batch's masks in row-major (B, T) order; mask_index points into them.
+            index = self._row_mask[rows]
+            have = index >= 0
+            local = np.full(index.shape, -1, dtype=np.int64)
+            local[have] = np.arange(int(have.sum()))
+            out["masks"] = self._masks[torch.from_numpy(index[have])]
+            out["mask_index"] = torch.from_numpy(local)
+            out["mask_valid"] = torch.from_numpy(have)
         return out
 
     def _gather(self, seg_rows: np.ndarray, horizon: int) -> dict[str, torch.Tensor]:

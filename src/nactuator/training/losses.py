@@ -40,6 +40,15 @@ class LossWeights:
     # A next-state model's supervised one-step loss (model.dynamics: next_state; replaces
     # the joint, gripper and velocity terms): squared error of Δq and Δqd in per-step stds.
     w_next: float = 1.0
+    # Silhouette loss (issue 20, docs/vision.md "Training from masks"): 1 − soft IoU of the
+    # rolled-out state's rendered silhouette against the observed mask (data.masks_camera),
+    # on every `silhouette_every`-th rollout step that has a mask, rendered with a sigmoid
+    # edge of `silhouette_sigma` px at the mask size / `silhouette_downsample` (the observed
+    # masks are area-averaged to that size).
+    w_silhouette: float = 0.0
+    silhouette_every: int = 1
+    silhouette_sigma: float = 1.0
+    silhouette_downsample: int = 1
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -47,6 +56,14 @@ class LossWeights:
                 raise ValueError(f"loss weight '{name}' must be a number >= 0, got {value!r}")
         if self.force_beta <= 0:
             raise ValueError(f"loss weight 'force_beta' must be > 0, got {self.force_beta!r}")
+        if self.silhouette_sigma <= 0:
+            raise ValueError(f"loss weight 'silhouette_sigma' must be > 0 px, got "
+                             f"{self.silhouette_sigma!r}")
+        for name in ("silhouette_every", "silhouette_downsample"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"loss weight '{name}' must be an integer >= 1, got "
+                                 f"{value!r}")
 
 
 def huber(error: torch.Tensor, beta: float = 1.0) -> torch.Tensor:

@@ -189,6 +189,9 @@ class NeuralActuatorModule(L.LightningModule):
         self._simulator_device: str | None = None
         self.val_score = ValidationScore(self.platform.arm_indices, window_length)
         self.val_history: list[dict[str, float]] = []  # one row per validation epoch
+        # The silhouette loss's renderer (loss.w_silhouette > 0), built on first use from
+        # the DataModule's camera file; a plain dict so the camera is no submodule.
+        self._silhouette: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ model and data
 
@@ -217,6 +220,11 @@ class NeuralActuatorModule(L.LightningModule):
             self.build_actuator(datamodule.norm_stats)
         if datamodule is not None:
             self._check_platform_of(datamodule)
+            if self.loss_weights.w_silhouette > 0 and \
+                    getattr(datamodule, "masks_camera", None) is None:
+                raise ValueError("model.loss.w_silhouette > 0 needs masks: set "
+                                 "data.masks_camera to a camera whose masks the dataset has "
+                                 "(docs/vision.md, 'Training from masks')")
 
     def init_from_checkpoint(self, source: str, datamodule: Any = None) -> None:
         """Make the pretrained actuator of ``source`` this run's starting point
@@ -286,12 +294,50 @@ class NeuralActuatorModule(L.LightningModule):
         return closed_loop_rollout(self.actuator, step, batch, self.window_length,
                                    q0=q0, qd0=qd0)
 
+    def silhouette_renderer(self, camera_file: Any, device: torch.device) -> Any:
+        """``q (K, n) -> soft silhouettes (K, h, w)`` through the camera in ``camera_file``
+        at its size / ``loss.silhouette_downsample`` (``nactuator.vision``: link poses
+        from the simulator's torch FK, so the gradient reaches the simulated state)."""
+        from nactuator.vision.camera import load_camera
+        from nactuator.vision.scene import ArmScene
+        from nactuator.vision.silhouette import SilhouetteRenderer
+
+        key = (str(camera_file), str(device))
+        if self._silhouette.get("key") != key:
+            w = self.loss_weights
+            camera = load_camera(camera_file)
+            k = camera.intrinsics
+            if k.width % w.silhouette_downsample or k.height % w.silhouette_downsample:
+                raise ValueError(f"loss.silhouette_downsample {w.silhouette_downsample} must "
+                                 f"divide the camera size {k.width}x{k.height} "
+                                 f"({camera_file})")
+            camera = camera.at_resolution(k.width // w.silhouette_downsample,
+                                          k.height // w.silhouette_downsample).to(device)
+            camera.requires_grad_(False)  # the extrinsic is not refined here
+            renderer = SilhouetteRenderer(ArmScene(self.platform), device)
+            sigma = w.silhouette_sigma
+
+            def render(q: torch.Tensor) -> torch.Tensor:
+                return renderer(q, camera, sigma)["mask"]
+
+            self._silhouette = {"key": key, "render": render}
+        return self._silhouette["render"]
+
     def compute_losses(self, r: Rollout, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The weighted SPEC §5 loss and its parts (:mod:`nactuator.training.objective`)."""
         next_state = self.actuator.dynamics == "next_state"
+        render = None
+        if self.loss_weights.w_silhouette > 0:
+            datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
+            camera_file = getattr(datamodule, "masks_camera_file", None)
+            if camera_file is None:
+                raise ValueError("model.loss.w_silhouette > 0 needs a DataModule serving "
+                                 "masks (data.masks_camera)")
+            render = self.silhouette_renderer(camera_file, r.q.device)
         return rollout_losses(r, batch, self.loss_weights, self.window_length, self.revolute,
                               self.prismatic, self.platform.control_dt,
-                              next_state_scale=self.actuator.state_scale if next_state else None)
+                              next_state_scale=self.actuator.state_scale if next_state else None,
+                              render=render)
 
     def rollout_metrics(self, r: Rollout, batch: dict[str, torch.Tensor]
                         ) -> dict[str, torch.Tensor]:

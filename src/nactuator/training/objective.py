@@ -11,9 +11,10 @@ frame are scored).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from nactuator.rollout import Rollout
 from nactuator.training.losses import (
@@ -28,7 +29,11 @@ from nactuator.training.losses import (
 )
 from nactuator.uncertainty import beta_nll
 
-__all__ = ["rollout_errors", "rollout_losses", "step_mask"]
+__all__ = ["rollout_errors", "rollout_losses", "silhouette_loss", "silhouette_steps",
+           "step_mask"]
+
+# q (K, n) -> soft silhouettes (K, h, w) in [0, 1], differentiable in q
+Render = Callable[[torch.Tensor], torch.Tensor]
 
 
 def step_mask(r: Rollout, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -41,15 +46,53 @@ def step_mask(r: Rollout, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return step.unsqueeze(0) < (batch["length"].to(r.tau.device) - 1).unsqueeze(1)
 
 
+def silhouette_steps(valid: torch.Tensor, every: int) -> torch.Tensor:
+    """(B, H) true on every ``every``-th step (1st, (every+1)-th, ...) of each row among the
+    steps where ``valid`` (B, H) is true."""
+    count = valid.long().cumsum(1)
+    return valid & ((count - 1) % every == 0)
+
+
+def silhouette_loss(r: Rollout, batch: dict[str, torch.Tensor], render: Render,
+                    window_length: int, every: int = 1, downsample: int = 1,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+    """1 − soft IoU between the silhouette ``render`` draws of the simulated state after
+    step ``i`` and the observed mask of frame ``s + i + 1`` (the frame the joint loss scores
+    it on), averaged over every ``every``-th step with a mask (and in ``mask`` (B, H)).
+    Observed masks are area-averaged by ``downsample`` to the rendered size. 0 (no
+    gradient) when no step has a mask."""
+    from nactuator.vision.silhouette import soft_iou_loss
+
+    start, steps = window_length - 1, r.tau.shape[1]
+    index = batch["mask_index"][:, start + 1 : start + 1 + steps].to(r.q.device)
+    valid = index >= 0
+    if mask is not None:
+        valid = valid & mask
+    pick = silhouette_steps(valid, every)
+    if not pick.any():
+        return r.q.new_zeros(())
+    target = batch["masks"].to(r.q.device)[index[pick]].to(r.q.dtype)
+    if downsample > 1:
+        target = F.avg_pool2d(target[:, None], downsample)[:, 0]
+    pred = render(r.q[:, 1:][pick])
+    if pred.shape != target.shape:
+        raise ValueError(f"silhouette: rendered masks {tuple(pred.shape[1:])} but observed "
+                         f"masks / {downsample} are {tuple(target.shape[1:])}: the camera "
+                         "file and the masks' size disagree")
+    return soft_iou_loss(pred, target)
+
+
 def rollout_losses(r: Rollout, batch: dict[str, torch.Tensor], weights: LossWeights,
                    window_length: int, revolute: Sequence[int], prismatic: Sequence[int],
-                   control_dt: float, next_state_scale: torch.Tensor | None = None
-                   ) -> dict[str, torch.Tensor]:
+                   control_dt: float, next_state_scale: torch.Tensor | None = None,
+                   render: Render | None = None) -> dict[str, torch.Tensor]:
     """The weighted loss (``"loss"``) and its parts. Rollout step ``i`` starts from frame
     ``s + i`` (``s = window_length − 1``): its simulated state is compared with frame
     ``s + i + 1``, its force, gate and condition with frame ``s + i``. A next-state model
     (``next_state_scale``: its per-step state scale) is scored on the predicted state
-    change instead of the joint, gripper and velocity losses."""
+    change instead of the joint, gripper and velocity losses. With ``w_silhouette`` > 0 the
+    simulated state is also drawn by ``render`` and compared with the batch's masks
+    (:func:`silhouette_loss`); a weight of 0 computes nothing of it."""
     w = weights
     start, steps = window_length - 1, r.tau.shape[1]
     q_next = batch["q"][:, start + 1 : start + 1 + steps]  # frames s+1 .. s+H
@@ -78,8 +121,15 @@ def rollout_losses(r: Rollout, batch: dict[str, torch.Tensor], weights: LossWeig
     if r.force_log_var is not None and w.w_nll > 0:
         parts["nll"] = beta_nll(r.force, r.force_log_var, force, force_valid & mask,
                                 w.nll_beta)
+    if w.w_silhouette > 0:
+        if render is None or "mask_index" not in batch:
+            raise ValueError("loss.w_silhouette > 0 needs batches with masks "
+                             "(data.masks_camera) and a silhouette renderer")
+        parts["sil"] = silhouette_loss(r, batch, render, window_length, w.silhouette_every,
+                                       w.silhouette_downsample, mask)
     weight = {"joint": w.w_pos, "grip": w.w_grip, "force": w.w_force, "gate": w.w_gate,
-              "cond": w.w_cond, "vel": w.w_vel, "nll": w.w_nll, "next": w.w_next}
+              "cond": w.w_cond, "vel": w.w_vel, "nll": w.w_nll, "next": w.w_next,
+              "sil": w.w_silhouette}
     parts["loss"] = sum(weight[k] * v for k, v in parts.items())
     return parts
 
