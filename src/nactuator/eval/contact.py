@@ -2,7 +2,7 @@
 ``nactuator contact calibrate`` and the contact columns of ``infer --contact``.
 
 The residual is ``tau_ext = ID(q, qd, qdd) - tau``, ``tau`` the model's torque on every
-causal window (:func:`nactuator.eval.infer.predict_episodes`, what ``infer`` runs) and ID the
+causal window (:func:`nactuator.eval.episodes.predict_episodes`, what ``infer`` runs) and ID the
 nominal arm's inverse dynamics at the recorded state (:func:`nactuator.contact.external_torque`).
 ``calibrate`` sets the per-joint detection thresholds on the user's no-contact runs with one
 model and writes them to a JSON file; ``infer --contact FILE`` then detects, isolates and
@@ -30,8 +30,12 @@ from nactuator.contact import (
 from nactuator.contact.estimate import EDGE_FRAMES
 from nactuator.data import Episode
 from nactuator.data.episodes import dataset_paths, filter_episode
-from nactuator.eval.episodes import EvalDataError, is_no_contact, load_episodes
-from nactuator.eval.infer import predict_episodes
+from nactuator.eval.episodes import (
+    EvalDataError,
+    is_no_contact,
+    load_episodes,
+    predict_episodes,
+)
 from nactuator.model_files import resolve_model_path
 from nactuator.models import load_model
 from nactuator.platforms import Platform, load_platform

@@ -20,8 +20,10 @@ from nactuator.data.episodes import load_split
 from nactuator.data.references import force_labels
 from nactuator.errors import UserError
 from nactuator.platforms import Platform
+from nactuator.rollout import causal_outputs
 
 __all__ = [
+    "BATCH_SIZE",
     "EvalDataError",
     "check_inputs",
     "condition_labels",
@@ -29,7 +31,10 @@ __all__ = [
     "is_no_contact",
     "load_episodes",
     "load_with_sources",
+    "predict_episodes",
 ]
+
+BATCH_SIZE = 4096  # windows per forward pass; ~1-2 MB of input, fast on any CPU
 
 
 class EvalDataError(UserError, ValueError):
@@ -105,3 +110,15 @@ def check_inputs(episodes: Sequence[Episode], keys: Sequence[str],
                 what = "lacks it" if arr is None else "never recorded it (all NaN)"
                 raise EvalDataError(f"episode {ep.index} ({ep.task}): the model needs channel "
                                     f"'{key}' but the data {what}")
+
+
+def predict_episodes(actuator, episodes: Sequence[Episode],
+                     batch_size: int = BATCH_SIZE) -> list[dict[str, np.ndarray]]:
+    """Per episode: ``tau`` (T, n), ``force`` (T, 3), ``gate`` (T,), ``condition`` (T, n)
+    for every frame; a model with the uncertainty head adds ``force_sigma``, ``force_lo``
+    and ``force_hi`` (T, 3) (:func:`nactuator.rollout.causal_outputs`).
+
+    Runs in eval mode (no dropout) without autograd; the actuator's mode is restored.
+    """
+    check_inputs(episodes, list(actuator.inputs))
+    return causal_outputs(actuator, [ep.frames for ep in episodes], batch_size)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,38 +19,26 @@ import pandas as pd
 import torch
 
 from nactuator.atomic import atomic_path
-from nactuator.data import Episode
 from nactuator.data.episodes import dataset_paths, filter_episode
 from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
+    BATCH_SIZE,
     EvalDataError,
-    check_inputs,
     force_labels,
     is_no_contact,
     load_episodes,
+    predict_episodes,
 )
 from nactuator.models import load_model
 from nactuator.platforms import load_platform
-from nactuator.rollout import causal_outputs
 
 __all__ = ["BATCH_SIZE", "infer", "predict_episodes"]
 
-BATCH_SIZE = 4096  # windows per forward pass; ~1-2 MB of input, fast on any CPU
 
 
 AXES = ("x", "y", "z")
 
 
-def predict_episodes(actuator, episodes: Sequence[Episode],
-                     batch_size: int = BATCH_SIZE) -> list[dict[str, np.ndarray]]:
-    """Per episode: ``tau`` (T, n), ``force`` (T, 3), ``gate`` (T,), ``condition`` (T, n)
-    for every frame; a model with the uncertainty head adds ``force_sigma``, ``force_lo``
-    and ``force_hi`` (T, 3) (:func:`nactuator.rollout.causal_outputs`).
-
-    Runs in eval mode (no dropout) without autograd; the actuator's mode is restored.
-    """
-    check_inputs(episodes, list(actuator.inputs))
-    return causal_outputs(actuator, [ep.frames for ep in episodes], batch_size)
 
 
 def _write_csv(frame: pd.DataFrame, path: Path) -> None:
