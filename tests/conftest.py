@@ -73,3 +73,20 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def patient_track_config(tmp_path: Path) -> Path:
+    """conf/track/so101.yaml with a long ``extra_s``, for `track --port` against an emulator
+    that steps its world once per read: the loop's clock is the wall's and the world's is
+    the reads', so on a loaded machine the world falls behind and a 2 s timeout can end the
+    run before it settles. The runs stop at "settled" long before."""
+    import yaml
+
+    from nactuator.paths import conf_dir
+
+    config = yaml.safe_load((conf_dir() / "track" / "so101.yaml").read_text())
+    config["settings"]["extra_s"] = 30.0
+    path = tmp_path / "patient_track.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path

@@ -166,7 +166,8 @@ def test_a_bad_path_file_gives_one_clear_error(tmp_path) -> None:
     np.testing.assert_allclose(x, 1.0)
 
 
-def test_track_on_the_emulated_bus_ends_with_torque_off(tmp_path, so101) -> None:
+def test_track_on_the_emulated_bus_ends_with_torque_off(tmp_path, so101,
+                                                        patient_track_config) -> None:
     """`nactuator track --port` against the STS3215 emulator running the hidden world: the
     end-effector reaches the path (scored by the emulator's world) and torque is off after."""
     from nactuator.control.track_run import track
@@ -188,10 +189,11 @@ def test_track_on_the_emulated_bus_ends_with_torque_off(tmp_path, so101) -> None
         # few hundred ms to answer on a loaded machine.
         patient = with_hardware(p, rx_timeout_ms=5000.0, reply_timeout_ms=5000.0)
         report = track(path, platform=patient, methods=("kinematic",), port=follower.port,
-                       relative=True, out=tmp_path / "out")
+                       relative=True, out=tmp_path / "out", config=patient_track_config)
         assert [tb.get("Torque_Enable") for tb in follower.tables.values()] == [0] * 6
         end = arm.world.ee_position()[0]
     assert "bus" in report and (tmp_path / "out" / "track.png").exists()
+    assert "| settled |" in report, report
     assert np.linalg.norm(end - start_world) > 0.02  # it moved by about the path's 2.8 cm
     # Scored by the emulator's hidden world: its own EE moved by the path's displacement.
     assert np.linalg.norm(end - (start_world + d[-1])) < 0.005

@@ -203,8 +203,8 @@ def test_bad_pixel_paths_and_cameras_give_one_clear_error(tmp_path, view) -> Non
         track(bad, platform="so101", camera=other)
 
 
-def test_an_image_reach_on_the_emulated_bus_ends_with_torque_off(tmp_path, so101,
-                                                                 view) -> None:
+def test_an_image_reach_on_the_emulated_bus_ends_with_torque_off(tmp_path, so101, view,
+                                                                 patient_track_config) -> None:
     """`track --port --camera` with a relative pixel path against the STS3215 emulator
     running the hidden world: the observed point is rigid FK of the measured joints,
     projected; the emulator's own end-effector, projected by hand, moves by the path's
@@ -227,10 +227,11 @@ def test_an_image_reach_on_the_emulated_bus_ends_with_torque_off(tmp_path, so101
         start = pinhole(view, arm.world.ee_position()[0])
         patient = with_hardware(p, rx_timeout_ms=5000.0, reply_timeout_ms=5000.0)
         report = track(path, platform=patient, port=follower.port, camera=CAMERA,
-                       relative=True, out=tmp_path / "out")
+                       relative=True, out=tmp_path / "out", config=patient_track_config)
         assert [tb.get("Torque_Enable") for tb in follower.tables.values()] == [0] * 6
         end = pinhole(view, arm.world.ee_position()[0])
     assert "bus" in report and (tmp_path / "out" / "track_px.png").exists()
+    assert "| settled |" in report, report
     # Observed by rigid FK of the measured joints, judged by the world's own arm.
     assert np.linalg.norm(end - (start + d)) < 0.7, (start, end)  # settle_tol_px
     assert np.linalg.norm(end - start) > 4.0
