@@ -292,15 +292,21 @@ def model_sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def check_platform(path: str | os.PathLike, calib: ContactCalibration,
+                   platform: Platform) -> None:
+    """The calibration's platform is the model's (before its contact links are built)."""
+    if calib.platform != platform.name:
+        raise UserError(f"{path}: field 'platform' is {calib.platform!r}, the model is for "
+                        f"{platform.name!r}; calibrate with this model "
+                        "(nactuator contact calibrate)")
+
+
 def check_calibration(path: str | os.PathLike, platform: Platform, model: str | os.PathLike,
                       surfaces: LinkSurfaces) -> ContactCalibration:
     """The calibration file ``path`` for ``model`` on ``platform``; a :class:`UserError`
     naming the file and the field otherwise (``infer --contact`` and ``live --contact``)."""
     calib = ContactCalibration.load(path)
-    if calib.platform != platform.name:
-        raise UserError(f"{path}: field 'platform' is {calib.platform!r}, the model is for "
-                        f"{platform.name!r}; calibrate with this model "
-                        "(nactuator contact calibrate)")
+    check_platform(path, calib, platform)
     sha = model_sha256(model)
     if sha != calib.model_sha256:
         raise UserError(f"{path}: field 'model_sha256': thresholds of model {calib.model} "
@@ -339,6 +345,7 @@ class ContactStream:
     def open(cls, path: str | os.PathLike, platform: Platform, model: str | os.PathLike
              ) -> ContactStream:
         """The stream of calibration file ``path``, checked against ``model``/``platform``."""
+        check_platform(path, ContactCalibration.load(path), platform)  # before the config
         cfg = load_contact_config(platform)
         surfaces = LinkSurfaces.build(platform, cfg)
         calib = check_calibration(path, platform, model, surfaces)
