@@ -320,9 +320,6 @@ def main(argv: list[str] | None = None) -> None:
                       flush=True)
 
 
-if __name__ == "__main__":
-    main()
-
 
 def main_contact(args, timings) -> None:
     """``--contact``: the table of docs/benchmarks.md "Live loop with contact"."""
@@ -357,3 +354,7 @@ def main_contact(args, timings) -> None:
                       f"(x{s['total_p50_ms'] / base:.2f}) | {contact} | "
                       f"{s['infer_p50_ms']:.2f} | {s['cpu_ms']:.2f} | "
                       f"{1e3 / s['cpu_ms']:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
