@@ -15,6 +15,16 @@ than the platform's rate, to measure the rate a model sustains.
 ``--rrd``: each case runs twice more, without and with a Rerun recording to a file (what
 ``nactuator live --rrd FILE`` does), and a second table gives the rate, cycle time, jitter
 and the per-frame cost of ``Viewer.log_frame`` (docs/benchmarks.md, "Live loop in Rerun").
+
+``--contact``: on the SO-101 (the platform with a contact configuration), one emulator, the
+same loop three times in a row: contact off; on and idle (a calibration whose thresholds are
+never crossed: the residual's inverse dynamics every cycle, no surface search); on and in
+contact (thresholds crossed every cycle: the NNLS surface search every cycle, the worst
+case). The calibration files are written for the model file the loop runs
+(docs/benchmarks.md, "Live loop with contact"). With ``--contact FILE`` (and ``--model``) a
+fourth case runs the user's calibration as it is.
+
+    .venv/bin/python bench/live.py --contact --seconds 10 --timing off
 """
 
 from __future__ import annotations
@@ -184,6 +194,61 @@ def bench(platform: str, timing: bool, seconds: float, actuator,
     return s
 
 
+CONTACT_CASES = ("off", "idle", "in contact")
+
+
+def contact_calibration(path: Path, model: Path, platform, threshold: float) -> Path:
+    """A calibration file for ``model`` whose every threshold is ``threshold`` N m."""
+    from nactuator.contact import (
+        ContactCalibration,
+        LinkSurfaces,
+        load_contact_config,
+        model_sha256,
+    )
+
+    joints = int(LinkSurfaces.build(platform, load_contact_config(platform)).last_joint.max()) + 1
+    ContactCalibration(platform=platform.name, threshold=[threshold] * joints, tare_seconds=0.0,
+                       model=str(model), model_sha256=model_sha256(model), quantile=0.999,
+                       margin=1.2, frames=0, data=[]).save(path)
+    return path
+
+
+def bench_contact(timing: bool, seconds: float, actuator, model: Path,
+                  user_file: str | None = None) -> list[tuple[str, dict]]:
+    """The SO-101 loop with contact off / idle / in contact (and the user's file), one
+    emulator, one after the other."""
+    from nactuator.contact import ContactStream
+
+    p = load_platform("so101")
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {"idle": contact_calibration(Path(tmp) / "idle.json", model, p, 1e9),
+                 "in contact": contact_calibration(Path(tmp) / "on.json", model, p, 1e-9)}
+        if user_file is not None:
+            files["user file"] = Path(user_file)
+        link = Path(tmp) / "port"
+        proc = start_emulator(p.hardware["bus"], p.name, link, timing,
+                              seconds * (len(files) + 1) + 30)
+        try:
+            with open_bus(p, str(link)) as b:
+                b.wait_ready()
+                for case in ("off", *files):
+                    stream = None if case == "off" else ContactStream.open(files[case], p, model)
+                    loop = LiveLoop(actuator, b, p, b.read_goal(), input_filters=FILTERS,
+                                    contact=stream)
+                    cpu = time.process_time()
+                    rows = loop.run(seconds, sink=None)
+                    cpu = time.process_time() - cpu
+                    s = summarize_timings(rows, p.fps)
+                    s["lost_slots"] = loop.lost_slots
+                    s["cpu_ms"] = 1e3 * cpu / len(rows)
+                    out.append((case, s))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0)
@@ -195,6 +260,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="pace the loop at this rate (default: the platform's)")
     ap.add_argument("--timing", choices=["off", "on", "both"], default="both",
                     help="emulated bus timing at 1 Mbps")
+    ap.add_argument("--contact", nargs="?", const="", default=None, metavar="FILE",
+                    help="only the SO-101 loop with contact off / idle / in contact (and "
+                         "with FILE, a calibration of --model, as it is)")
     args = ap.parse_args(argv)
     use_warp_cache()
     torch.set_num_threads(1)
@@ -203,6 +271,10 @@ def main(argv: list[str] | None = None) -> None:
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
           + (f", model {args.model}" if args.model else "")
           + (f", paced at {args.fps:g} Hz" if args.fps else ""))
+    timings = {"off": (False,), "on": (True,), "both": (False, True)}[args.timing]
+    if args.contact is not None:
+        main_contact(args, timings)
+        return
     header = ("| platform | servos | bus timing | rate Hz | read p50/p99 ms | SDK-only read p50 | "
               "infer p50/p99 ms | model-only p50 | write p50/p99 ms | total p50/p99 ms | "
               "wire ms | own overhead p50 ms | jitter p50/p99 ms | CPU ms/cycle | "
@@ -212,7 +284,6 @@ def main(argv: list[str] | None = None) -> None:
     actuators = {}
     model = None if args.model is None else load_model(args.model)
     platforms = ("omx", "so101") if model is None else (model[1]["platform"],)
-    timings = {"off": (False,), "on": (True,), "both": (False, True)}[args.timing]
     for platform in platforms:
         p = load_platform(platform)
         stats = {k: {"mean": [0.0] * p.n, "std": [1.0] * p.n} for k in STATS_KEYS}
@@ -247,6 +318,42 @@ def main(argv: list[str] | None = None) -> None:
                       f"{s['total_p50_ms']:.2f}/{s['total_p99_ms']:.2f} | "
                       f"{s['jitter_p50_ms']:.2f}/{s['jitter_p99_ms']:.2f} | {log} | {size} |",
                       flush=True)
+
+
+
+def main_contact(args, timings) -> None:
+    """``--contact``: the table of docs/benchmarks.md "Live loop with contact"."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model is None:  # an untrained paper-size bundle, saved: the calibration
+            from nactuator.models import bundle_to_dict, save_bundle  # names its file
+
+            p = load_platform("so101")
+            stats = {k: {"mean": [0.0] * p.n, "std": [1.0] * p.n} for k in STATS_KEYS}
+            untrained = NeuralActuator(n_motors=p.n, norm_stats=stats,
+                                       model_config={"arch": "transformer"}).eval()
+            model_path = save_bundle(bundle_to_dict(untrained, "so101"), Path(tmp) / "so101.pt")
+        else:
+            model_path = Path(args.model)
+        actuator, meta = load_model(model_path)
+        if meta["platform"] != "so101":
+            raise SystemExit(f"--contact: the SO-101 only (conf/contact/), got {meta['platform']}")
+        print("| bus timing | contact | rate Hz | lost slots | flagged cycles | "
+              "total p50/p99 ms | contact p50/p99 ms | infer p50 ms | CPU ms/cycle | "
+              "one-core rate Hz |")
+        print("|" + "---|" * 10)
+        for timing in timings:
+            cases = bench_contact(timing, args.seconds, actuator, model_path,
+                                  args.contact or None)
+            base = cases[0][1]["total_p50_ms"]
+            for case, s in cases:
+                contact = (f"{s['contact_p50_ms']:.2f}/{s['contact_p99_ms']:.2f}"
+                           if "contact_p50_ms" in s else "-")
+                print(f"| {'1 Mbps' if timing else 'off'} | {case} | {s['rate_hz']:.1f} | "
+                      f"{s['lost_slots']} | {s.get('contact_cycles', '-')} | "
+                      f"{s['total_p50_ms']:.2f}/{s['total_p99_ms']:.2f} "
+                      f"(x{s['total_p50_ms'] / base:.2f}) | {contact} | "
+                      f"{s['infer_p50_ms']:.2f} | {s['cpu_ms']:.2f} | "
+                      f"{1e3 / s['cpu_ms']:,.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -77,7 +77,8 @@ for line in sys.stdin:
             print(record(platform, job["leader"], job["follower"], "ctrl_c", seconds=30.0,
                          out=job["out"], progress=False))
         else:
-            print(run_live(job["ckpt"], platform, job["follower"], out=job["out"]))
+            print(run_live(job["ckpt"], platform, job["follower"], out=job["out"],
+                           contact=job.get("contact")))
     except KeyboardInterrupt:
         outcome = "KeyboardInterrupt"
     except BaseException as e:
@@ -199,7 +200,8 @@ def _gone(pid: int) -> bool:
 
 def run_once(server: ForkServer, tmp: Path, bus: str, platform: str, command: str,
              seed: int, delay: float, signum: int = signal.SIGINT,
-             after_torque_on: bool = False, ckpt: str | None = None) -> dict:
+             after_torque_on: bool = False, ckpt: str | None = None,
+             contact: str | None = None, wait_for=None) -> dict:
     """One repetition; returns what happened and the torque read back afterwards."""
     p = load_platform(platform)
     faults = Faults(seed=seed)
@@ -213,7 +215,7 @@ def run_once(server: ForkServer, tmp: Path, bus: str, platform: str, command: st
         log = tmp / f"{tag}.log"
         pid = server.start(command=command, platform=platform, leader=leader.port,
                            follower=follower.port, out=str(tmp / tag), ckpt=ckpt,
-                           result=str(result), log=str(log))
+                           result=str(result), log=str(log), contact=contact)
         def torque_on() -> bool:
             return any(t.get("Torque_Enable") for t in follower.tables.values())
 
@@ -221,6 +223,8 @@ def run_once(server: ForkServer, tmp: Path, bus: str, platform: str, command: st
         _wait(lambda: follower.stats["packets"] > ours, 60, f"{tag} to talk to the follower")
         if after_torque_on:
             _wait(torque_on, 60, f"{tag} to switch torque on")
+        if wait_for is not None:  # e.g. the loop's first rows
+            _wait(lambda: wait_for(tmp / tag) or _gone(pid), 120, f"{tag} to be ready")
         time.sleep(delay)
         torque_was_on = torque_on()
         signalled = not _gone(pid)
@@ -334,6 +338,41 @@ def test_sigterm_is_handled_like_ctrl_c(server, ckpts, tmp_path, bus, platform,
     if command == "record":  # the interrupted episode was saved, as with Ctrl-C
         assert run["outcome"] in ("returned", "KeyboardInterrupt")
         assert "stopped by SIGTERM" in run["log"] or run["outcome"] == "KeyboardInterrupt"
+
+
+# SIGTERM in the fast suite (about 10 s); SIGINT, the same path, in the slow one.
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=pytest.mark.slow),
+                                    signal.SIGTERM])
+def test_live_with_contact_ends_with_torque_off(server, ckpts, tmp_path, signum) -> None:
+    """``live --contact`` on the SO-101 (the platform with contact links), with thresholds
+    every frame crosses, so most of each cycle is the contact surface search and the signal
+    lands in it or in the bus I/O: torque is off afterwards, as without contact. (A SIGKILL
+    switches nothing off; only the OMX's bus watchdog stops an arm then, and the OMX has no
+    contact configuration.)"""
+    from nactuator.contact import ContactCalibration, model_sha256
+
+    ckpt = ckpts["so101"]
+    calib = tmp_path / "contact.json"
+    ContactCalibration(platform="so101", threshold=[1e-9] * 5, tare_seconds=0.0, model=ckpt,
+                       model_sha256=model_sha256(ckpt), quantile=0.999, margin=1.2, frames=0,
+                       data=[]).save(calib)
+    def contacts(out: Path) -> int:
+        """Rows of the running loop (its CSV, written as OUT.partial) with a contact."""
+        partial = out.with_name(out.name + ".partial")
+        rows = partial.read_text().splitlines() if partial.exists() else []
+        return sum(any(f",{k}," in r for k in ("upper_arm", "lower_arm", "wrist", "gripper"))
+                   for r in rows[1:])
+
+    # The signal comes at a random moment of a loop that has reported contacts.
+    run = run_once(server, tmp_path, "feetech", "so101", "live", seed=7,
+                   delay=random.Random(signum).uniform(0.0, 0.5), signum=signum,
+                   after_torque_on=True, ckpt=ckpt, contact=str(calib),
+                   wait_for=lambda out: contacts(out) >= 3)
+    _check([run])
+    assert run["signalled"] and run["torque_was_on"], run["log"]
+    assert run["outcome"] == "returned", run["log"]  # the loop ended on the signal
+    rows = (tmp_path / run["tag"]).read_text().splitlines()
+    assert "contact_link" in rows[0].split(",")
 
 
 @pytest.mark.parametrize("command", ["record", "live"])

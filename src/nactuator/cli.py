@@ -411,7 +411,7 @@ def _live(a: argparse.Namespace) -> int:
 
     print(run_live(ckpt=a.ckpt, platform=a.platform, port=a.port, out=a.out,
                    seconds=a.seconds, device=a.device, calibration=a.calibration,
-                   quiet=a.quiet, rrd=a.rrd, display=a.display))
+                   quiet=a.quiet, rrd=a.rrd, display=a.display, contact=a.contact))
     return 0
 
 
@@ -500,6 +500,7 @@ the status line on stderr (redrawn on a terminal, a line every 5 s in a log), e.
   live  60.0 Hz | |f|   4.90 N (fx fy fz ...) gate 0.90 | 600 cycles, 3 incomplete, 1 lost
   Hz          cycles per second over the last second; "—" until two cycles have run
   |f|, gate   the latest estimate: force magnitude and axes [N], contact gate (0..1)
+  contact     with --contact: the latest contact estimate, link and |force| [N] or none
   cycles      cycles run so far (one CSV row each)
   incomplete  cycles in which at least one servo's telemetry was not read (the model keeps
               that servo's last reading; the row has valid = 0): cabling, bus load, timeouts
@@ -1062,7 +1063,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu", help=DEVICE_HELP)
     s.add_argument("--quiet", action="store_true",
                    help="no running status line on stderr (rate, force, gate, cycle counts)")
-    _add_viewer_flags(s, "joints, commands, force, contact gate and condition")
+    s.add_argument("--contact", default=None, metavar="FILE",
+                   help="also estimate contact anywhere on the arm every cycle (link, point, "
+                        "force; the columns of `infer --contact`) with this calibration of "
+                        "`nactuator contact calibrate` for the same model file "
+                        "(docs/contact.md)")
+    _add_viewer_flags(s, "joints, commands, force, contact gate, condition and contact")
     s.set_defaults(func=_live)
 
     pol = sub.add_parser("policy", help="force-aware behaviour cloning: demonstrations, "

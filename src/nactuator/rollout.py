@@ -171,6 +171,10 @@ class StreamingWindow:
             k: self._tensor[i : i + 1] for i, k in enumerate(self.keys)}
         self._pad = torch.ones(1, self.window_length, dtype=torch.bool, device=self.device)
         self._views["pad"] = self._pad
+        # The newest frame as the model sees it (after the filters, NaN kept), per key (n,):
+        # what `live --contact` takes q and qd from, as `infer` takes them from the filtered
+        # recording.
+        self.frame: dict[str, np.ndarray] = {}
 
     def push(self, values: Mapping[str, np.ndarray], valid: np.ndarray | None = None) -> None:
         """Append the newest frame (``values[key]`` of shape (n,)); ``valid`` (n,) is 1
@@ -183,6 +187,7 @@ class StreamingWindow:
                 frame["telemetry_valid"] = np.asarray(valid).reshape(1, self.n)
             frame, self._filter_state = filter_inputs(frame, self.filters, self._filter_state)
         row = np.stack([frame[k][0] for k in self.keys])
+        self.frame = dict(zip(self.keys, row, strict=True))
         self.data[:, :-1] = self.data[:, 1:]
         self.data[:, -1] = np.nan_to_num(row, nan=0.0)
         self.count += 1

@@ -68,13 +68,19 @@ ENTITIES: dict[str, str] = {
     "force_lo": "force/estimate_lo",
     "force_hi": "force/estimate_hi",
     "gate": "contact/gate",
+    # live --contact: the touched link (index into the contact config's links; -1 none),
+    # the point in that link's frame [m] and the force [N, base frame]
+    "contact_link": "contact/link",
+    "contact_point": "contact/point",
+    "contact_force": "contact/force",
     "condition": "condition/estimate",
     "force_label": "force/label",
     "condition_label": "condition/label",
     "payload_mass": "payload/mass",
 }
 XYZ = ("fx", "fy", "fz")
-_FORCES = ("force", "force_lo", "force_hi", "force_label")
+_FORCES = ("force", "force_lo", "force_hi", "force_label", "contact_force")
+_POINTS = ("contact_point",)
 TIMELINES = ("time", "frame")  # seconds (duration), frame index (sequence)
 # Contract 1 keys of a stored episode -> the signal they are shown as.
 EPISODE_SIGNALS = {"q": "q", "qd": "qd", "q_cmd": "q_cmd", "effort": "effort",
@@ -145,8 +151,8 @@ class Viewer:
         """Name a signal's series once (static), the first time it is logged."""
         if signal in self._named:
             return
-        names = (list(XYZ) if signal in _FORCES else self.channel_names if width > 1
-                 else [signal])
+        names = (list(XYZ) if signal in _FORCES else ["px", "py", "pz"] if signal in _POINTS
+                 else self.channel_names if width > 1 else [signal])
         self.rec.log(ENTITIES[signal], self._rr.SeriesLines(names=names[:width]), static=True)
         self._named.add(signal)
 

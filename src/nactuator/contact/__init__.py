@@ -4,16 +4,22 @@ external joint-torque residual (docs/contact.md)."""
 from .estimate import (
     ContactCalibration,
     ContactEstimate,
+    ContactStream,
     calibrate_threshold,
+    check_calibration,
     detect,
+    episode_residual,
+    estimate_frame,
     estimate_frames,
     external_torque,
     isolate,
     localise,
+    model_sha256,
     tare,
 )
 from .surface import LinkSurfaces, load_contact_config
 
-__all__ = ["ContactCalibration", "ContactEstimate", "LinkSurfaces", "calibrate_threshold",
-           "detect", "estimate_frames", "external_torque", "isolate", "load_contact_config",
-           "localise", "tare"]
+__all__ = ["ContactCalibration", "ContactEstimate", "ContactStream", "LinkSurfaces",
+           "calibrate_threshold", "check_calibration", "detect", "episode_residual",
+           "estimate_frame", "estimate_frames", "external_torque", "isolate",
+           "load_contact_config", "localise", "model_sha256", "tare"]

@@ -10,12 +10,15 @@ the next one: a force through the next joint's axis leaves that joint silent), e
 non-negative least squares on a friction-pyramid basis, ``J_p^T D lam = tau_ext``, lam >= 0.
 
 A :class:`ContactCalibration` (``nactuator contact calibrate``, a JSON file) holds what the
-per-frame estimate (:func:`estimate_frames`, ``infer --contact``) needs besides the torque:
-the thresholds of one torque model and the tare rule.
+per-frame estimate (:func:`estimate_frame`) needs besides the torque: the thresholds of one
+torque model and the tare rule. ``infer --contact`` runs it over recordings
+(:func:`episode_residual`, :func:`estimate_frames`), ``live --contact`` one frame per cycle
+(:class:`ContactStream`); both are causal, so they agree frame by frame.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -27,42 +30,93 @@ from scipy.optimize import nnls
 
 from nactuator.atomic import write_json
 from nactuator.errors import UserError
+from nactuator.model_files import resolve_model_path
+from nactuator.platforms import Platform
 from nactuator.sim.dynamics import ArmDynamics
 
-from .surface import LinkSurfaces
+from .surface import LinkSurfaces, load_contact_config
 
-__all__ = ["CALIBRATION_FORMAT", "ContactCalibration", "ContactEstimate", "calibrate_threshold",
-           "detect", "estimate_frames", "external_torque", "isolate", "localise", "tare"]
+__all__ = ["CALIBRATION_FORMAT", "ContactCalibration", "ContactEstimate", "ContactStream",
+           "calibrate_threshold", "check_calibration", "detect", "episode_residual",
+           "estimate_frame", "estimate_frames", "external_torque", "isolate", "localise",
+           "model_sha256", "smoothed_velocity", "tare", "tare_frames", "tare_offset"]
 
 CALIBRATION_FORMAT = "nactuator-contact-calibration/1"
-EDGE_FRAMES = 10  # frames at each end of a recording the centred qdd filter cannot trust
+# Frames at the start of a recording the residual is not trusted on: the model's window
+# (L - 1 = 8 zero-padded frames) and the velocity filter are still filling.
+EDGE_FRAMES = 10
+SMOOTH_FRAMES = 5  # trailing mean of qd before its difference gives qdd
+
+
+def smoothed_velocity(qd: np.ndarray, dt: float) -> tuple[np.ndarray, np.ndarray]:
+    """Causal ``qd`` (T, n) smoothing and acceleration: each frame's mean of its last
+    :data:`SMOOTH_FRAMES` frames (fewer at the start) and the backward difference of that
+    (0 on frame 0). Row t depends on rows t - SMOOTH_FRAMES .. t only, so a live stream gets
+    the offline rows by running this on its last SMOOTH_FRAMES + 1 frames."""
+    qd = np.asarray(qd, np.float64)
+    pad = np.zeros((SMOOTH_FRAMES - 1, *qd.shape[1:]))
+    window = np.lib.stride_tricks.sliding_window_view(np.concatenate([pad, qd]),
+                                                      SMOOTH_FRAMES, axis=0)
+    count = np.minimum(np.arange(1, qd.shape[0] + 1), SMOOTH_FRAMES).astype(float)
+    qd_s = window.sum(axis=-1) / count.reshape(-1, *([1] * (qd.ndim - 1)))
+    qdd = np.zeros_like(qd_s)
+    qdd[1:] = (qd_s[1:] - qd_s[:-1]) / dt
+    return qd_s, qdd
 
 
 def external_torque(dyn: ArmDynamics, q: np.ndarray, qd: np.ndarray, tau_motor: np.ndarray,
                     dt: float) -> np.ndarray:
-    """tau_ext = ID(q, qd, qdd) - tau_motor per frame (T, n); qd smoothed by a centred
-    5-frame mean and qdd its gradient (2 frames of look-ahead: an offline estimate)."""
-    k = np.ones(5) / 5
-    qd_s = np.apply_along_axis(lambda x: np.convolve(x, k, mode="same"), 0, qd)
-    qdd = np.gradient(qd_s, dt, axis=0)
+    """tau_ext = ID(q, qd, qdd) - tau_motor per frame (T, n), causal: qd smoothed by a
+    trailing 5-frame mean and qdd its backward difference (:func:`smoothed_velocity`), so
+    ``live`` computes each frame as ``infer`` does, with no look-ahead."""
+    qd_s, qdd = smoothed_velocity(qd, dt)
     with torch.no_grad():
-        tau_id = dyn.inverse_dynamics(torch.as_tensor(q, dtype=torch.float64),
-                                      torch.as_tensor(qd_s, dtype=torch.float64),
-                                      torch.as_tensor(qdd, dtype=torch.float64)).numpy()
+        tau_id = dyn.inverse_dynamics(torch.as_tensor(np.asarray(q, np.float64)),
+                                      torch.as_tensor(qd_s), torch.as_tensor(qdd)).numpy()
     return tau_id - tau_motor
+
+
+def tare_frames(dt: float, seconds: float) -> int:
+    """Frames of the tare window (0: no tare); the offset is the mean of frames
+    :data:`EDGE_FRAMES` .. that count - 1."""
+    if seconds <= 0:
+        return 0
+    stop = int(round(seconds / dt))
+    if stop <= EDGE_FRAMES + 1:
+        raise UserError(f"tare over {seconds} s needs more than {EDGE_FRAMES + 1} frames "
+                        f"({stop} at {dt:.4f} s)")
+    return stop
+
+
+def tare_offset(head: np.ndarray) -> np.ndarray:
+    """The tare offset (1, ...) from the residual's first :func:`tare_frames` rows."""
+    return head[EDGE_FRAMES:].mean(0, keepdims=True)
 
 
 def tare(tau_ext: np.ndarray, dt: float, seconds: float) -> np.ndarray:
     """``tau_ext`` (T, ...) minus its mean over the recording's first ``seconds`` (after the
-    filter's edge frames), as a force sensor is tared: assumes no contact then."""
-    if seconds <= 0:
+    warm-up's edge frames), as a force sensor is tared: assumes no contact then. Causal: the
+    frames of the tare window themselves are NaN (not tared yet), as in a live stream."""
+    stop = tare_frames(dt, seconds)
+    if stop == 0:
         return tau_ext
-    stop = int(round(seconds / dt))
-    if stop <= EDGE_FRAMES + 1 or stop > tau_ext.shape[0]:
-        raise UserError(f"tare over {seconds} s needs more than {EDGE_FRAMES + 1} frames and "
-                        f"a recording at least that long ({tau_ext.shape[0]} frames at "
-                        f"{dt:.4f} s)")
-    return tau_ext - tau_ext[EDGE_FRAMES:stop].mean(0, keepdims=True)
+    if stop > tau_ext.shape[0]:
+        raise UserError(f"tare over {seconds} s needs a recording at least {stop} frames "
+                        f"long ({tau_ext.shape[0]} frames at {dt:.4f} s)")
+    out = tau_ext - tare_offset(tau_ext[:stop])
+    out[:stop] = np.nan
+    return out
+
+
+def episode_residual(dyn: ArmDynamics, q: np.ndarray, qd: np.ndarray, tau_motor: np.ndarray,
+                     dt: float, tare_seconds: float) -> np.ndarray:
+    """What the detector sees per frame of one recording (T, n): the tared
+    :func:`external_torque`, NaN on the first :data:`EDGE_FRAMES` frames (the model's window
+    and the velocity filter warming up) and within the tare window. :class:`ContactStream`
+    gives the same rows one frame at a time."""
+    r = tare(external_torque(dyn, q, qd, tau_motor, dt), dt, tare_seconds)
+    r[:EDGE_FRAMES] = np.nan
+    return r
 
 
 def calibrate_threshold(tau_idle: np.ndarray, quantile: float = 0.999,
@@ -191,26 +245,129 @@ def localise(surfaces: LinkSurfaces, q: np.ndarray, tau_ext: np.ndarray, joint: 
     return best
 
 
+def estimate_frame(surfaces: LinkSurfaces, q: np.ndarray, tau_ext: np.ndarray,
+                   threshold: np.ndarray, mu: float) -> ContactEstimate:
+    """One frame: detection, isolation and localisation of ``tau_ext`` (n,) at ``q`` (the
+    joints beyond the thresholds' are ignored). No contact (or a non-finite residual, e.g.
+    a warm-up frame): link -1, NaN point and force."""
+    threshold = np.asarray(threshold, float)
+    n_thr = threshold.size
+    tau = np.zeros(np.shape(q)[0])
+    tau[:n_thr] = np.nan_to_num(np.asarray(tau_ext, float)[:n_thr], nan=0.0)
+    if not detect(tau[:n_thr], threshold):
+        nan = np.full(3, np.nan)
+        return ContactEstimate(-1, nan, nan.copy(), nan.copy(), float("nan"))
+    return localise(surfaces, np.asarray(q, float), tau, isolate(tau[:n_thr], threshold), mu)
+
+
 def estimate_frames(surfaces: LinkSurfaces, q: np.ndarray, tau_ext: np.ndarray,
                     threshold: np.ndarray, mu: float) -> dict[str, np.ndarray]:
-    """Per frame: detection, isolation and localisation of ``tau_ext`` (T, n) at ``q``.
+    """:func:`estimate_frame` on every frame of ``tau_ext`` (T, n) at ``q`` (T, nq).
 
     Returns ``link`` (T,) int (index into ``surfaces.names``; -1 no contact),
     ``point_local`` (T, 3) in that link's body frame, ``point`` (T, 3) in the base frame and
     ``force`` (T, 3) [N] in the base frame, environment on robot (NaN where no contact).
-    Frames with a non-finite residual (a filter's edge) are reported as no contact.
     """
     threshold = np.asarray(threshold, float)
     T = tau_ext.shape[0]
     out = {"link": np.full(T, -1, dtype=np.int64), "point_local": np.full((T, 3), np.nan),
            "point": np.full((T, 3), np.nan), "force": np.full((T, 3), np.nan)}
-    n_thr = threshold.size
-    for t in np.flatnonzero(detect(np.nan_to_num(tau_ext[:, :n_thr], nan=0.0), threshold)):
-        tau = np.zeros(q.shape[1])
-        tau[:n_thr] = tau_ext[t, :n_thr]
-        est = localise(surfaces, q[t], tau, isolate(tau[:n_thr], threshold), mu)
+    # Only the flagged frames can be contacts (estimate_frame says -1 for the others).
+    flagged = detect(np.nan_to_num(tau_ext[:, :threshold.size], nan=0.0), threshold)
+    for t in np.flatnonzero(flagged):
+        est = estimate_frame(surfaces, q[t], tau_ext[t], threshold, mu)
         out["link"][t] = est.link
         out["point_local"][t] = est.point_local
         out["point"][t] = est.point_world
         out["force"][t] = est.force
     return out
+
+
+def model_sha256(path: str | os.PathLike) -> str:
+    """The model file's SHA-256: which torque model a calibration's thresholds belong to."""
+    h = hashlib.sha256()
+    with open(resolve_model_path(path), "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_platform(path: str | os.PathLike, calib: ContactCalibration,
+                   platform: Platform) -> None:
+    """The calibration's platform is the model's (before its contact links are built)."""
+    if calib.platform != platform.name:
+        raise UserError(f"{path}: field 'platform' is {calib.platform!r}, the model is for "
+                        f"{platform.name!r}; calibrate with this model "
+                        "(nactuator contact calibrate)")
+
+
+def check_calibration(path: str | os.PathLike, platform: Platform, model: str | os.PathLike,
+                      surfaces: LinkSurfaces) -> ContactCalibration:
+    """The calibration file ``path`` for ``model`` on ``platform``; a :class:`UserError`
+    naming the file and the field otherwise (``infer --contact`` and ``live --contact``)."""
+    calib = ContactCalibration.load(path)
+    check_platform(path, calib, platform)
+    sha = model_sha256(model)
+    if sha != calib.model_sha256:
+        raise UserError(f"{path}: field 'model_sha256': thresholds of model {calib.model} "
+                        f"(SHA-256 {calib.model_sha256[:12]}), not of {model} ({sha[:12]}); "
+                        "calibrate again with this model (nactuator contact calibrate)")
+    need = int(surfaces.last_joint.max()) + 1
+    if len(calib.threshold) != need:
+        raise UserError(f"{path}: field 'threshold' has {len(calib.threshold)} values, the "
+                        f"contact links of {platform.name} need {need}")
+    return calib
+
+
+class ContactStream:
+    """The per-frame contact estimate of a live stream: :meth:`push` each frame's measured
+    (input-filtered) ``q``, ``qd`` and the model's causal ``tau``; get that frame's
+    :class:`ContactEstimate`. Frame t's estimate is :func:`estimate_frame` of row t of
+    :func:`episode_residual` over the frames pushed so far (what ``infer --contact``
+    computes for the recording): the residual runs :func:`external_torque` on the last
+    :data:`SMOOTH_FRAMES` + 1 frames, the tare offset is :func:`tare_offset` of the first
+    :func:`tare_frames` rows. Assumes one frame per control period (``platform.control_dt``),
+    as ``infer`` does for a recording."""
+
+    def __init__(self, platform: Platform, calibration: ContactCalibration,
+                 surfaces: LinkSurfaces, mu: float) -> None:
+        self.platform, self.surfaces, self.mu = platform, surfaces, float(mu)
+        self.threshold = np.asarray(calibration.threshold, float)
+        self.dyn = ArmDynamics.for_platform(platform)
+        self.dt = platform.control_dt
+        self.stop = tare_frames(self.dt, calibration.tare_seconds)
+        self.count = 0
+        self._recent: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._head: list[np.ndarray] = []  # raw residual rows of the tare window
+        self.offset: np.ndarray | None = None if self.stop else np.zeros((1, platform.n))
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, platform: Platform, model: str | os.PathLike
+             ) -> ContactStream:
+        """The stream of calibration file ``path``, checked against ``model``/``platform``."""
+        check_platform(path, ContactCalibration.load(path), platform)  # before the config
+        cfg = load_contact_config(platform)
+        surfaces = LinkSurfaces.build(platform, cfg)
+        calib = check_calibration(path, platform, model, surfaces)
+        return cls(platform, calib, surfaces, float(cfg["friction"]))
+
+    def residual(self, q: np.ndarray, qd: np.ndarray, tau: np.ndarray) -> np.ndarray:
+        """This frame's row of :func:`episode_residual` (n,)."""
+        self._recent.append((np.asarray(q), np.asarray(qd), np.asarray(tau)))
+        del self._recent[: -(SMOOTH_FRAMES + 1)]
+        q_w, qd_w, tau_w = (np.stack(x) for x in zip(*self._recent, strict=True))
+        raw = external_torque(self.dyn, q_w, qd_w, tau_w, self.dt)[-1:]
+        t, self.count = self.count, self.count + 1
+        if self.offset is None:  # still in the tare window
+            self._head.append(raw[0])
+            if len(self._head) == self.stop:
+                self.offset = tare_offset(np.stack(self._head))
+                self._head = []
+            return np.full(raw.shape[1], np.nan)
+        if t < EDGE_FRAMES:
+            return np.full(raw.shape[1], np.nan)
+        return (raw - self.offset)[0]
+
+    def push(self, q: np.ndarray, qd: np.ndarray, tau: np.ndarray) -> ContactEstimate:
+        r = self.residual(q, qd, tau)
+        return estimate_frame(self.surfaces, np.asarray(q, float), r, self.threshold, self.mu)

@@ -15,6 +15,16 @@ Window rules (:class:`nactuator.rollout.StreamingWindow`, the window training an
 frame by frame: a motor whose telemetry was not read this cycle gets the checkpoint's fill
 rule (its last valid reading for models trained since the rule was recorded) *in the model
 input only* (the row says ``valid = 0``), and temperature its trailing running median.
+
+With a contact calibration (``--contact FILE``, docs/contact.md) each cycle also estimates
+contact anywhere on the arm from that cycle's model torque and filtered joint state
+(:class:`nactuator.contact.ContactStream`: the function ``infer --contact`` runs per frame,
+causal both ways): columns ``contact_link`` (MJCF body, empty: none), ``contact_px/py/pz``
+(m, that body's frame), ``contact_fx/fy/fz`` (N, base frame) and ``contact_ms``. It runs
+after the goal write, so it never delays the command; the surface search runs only on
+cycles the detector flags. A cycle that overruns its period loses the next slot(s)
+(:class:`FixedRate`), and the residual's velocity filter, which assumes one frame per
+period, then spans the gap as one period (as ``infer`` does on such a recording).
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 import torch
@@ -39,11 +49,17 @@ from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import StreamingWindow
 from nactuator.viewer import Viewer, open_viewer
 
-__all__ = ["LiveLoop", "StatusLine", "run_live", "summarize_timings"]
+if TYPE_CHECKING:  # the contact room (mujoco, scipy) is imported only with --contact
+    from nactuator.contact import ContactStream
+
+__all__ = ["CONTACT_COLUMNS", "LiveLoop", "StatusLine", "run_live", "summarize_timings"]
 
 
 # What one live cycle provides to the model's window (LiveLoop.cycle).
 LIVE_CHANNELS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature")
+# The contact estimate's columns, named as `infer --contact` names them.
+CONTACT_COLUMNS = ("contact_link", "contact_px", "contact_py", "contact_pz", "contact_fx",
+                   "contact_fy", "contact_fz")
 
 
 class LiveLoop:
@@ -51,8 +67,13 @@ class LiveLoop:
 
     def __init__(self, actuator: torch.nn.Module, bus: TelemetryBus, platform: Platform,
                  q_hold: np.ndarray, device: str = "cpu", viewer: Viewer | None = None,
-                 input_filters: dict | None = None) -> None:
+                 input_filters: dict | None = None,
+                 contact: ContactStream | None = None) -> None:
         self.actuator, self.bus, self.platform = actuator, bus, platform
+        self.contact = contact  # --contact: one estimate per cycle (after the write)
+        if contact is not None and not {"q", "qd"} <= set(actuator.inputs):
+            raise ValueError("contact needs the joint state the model reads (q, qd); this "
+                             f"model reads {list(actuator.inputs)}")
         self.viewer = viewer  # Rerun (--rrd / --display): one log_frame per cycle
         self.q_cmd = np.asarray(q_hold, dtype=float)
         # input_filters: the checkpoint's (load_actuator's meta["input_filters"]); None feeds
@@ -67,8 +88,10 @@ class LiveLoop:
                   if self.interval else [])
         self.columns = (["t", "fx", "fy", "fz", *bounds, "gate"]
                         + [f"condition_{c}" for c in names]
-                        + ["valid", "warm", "read_ms", "infer_ms", "write_ms", "total_ms",
-                           "late_ms"])
+                        + (list(CONTACT_COLUMNS) if contact is not None else [])
+                        + ["valid", "warm", "read_ms", "infer_ms", "write_ms"]
+                        + (["contact_ms"] if contact is not None else [])
+                        + ["total_ms", "late_ms"])
 
     def cycle(self, scheduled: float) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -85,6 +108,11 @@ class LiveLoop:
         t2 = time.perf_counter()
         self.bus.write_goal(self.q_cmd)
         t3 = time.perf_counter()
+        est = None
+        if self.contact is not None:  # after the write: the command is not delayed
+            f = self.window.frame  # q, qd as the model saw them (the input filters')
+            est = self.contact.push(f["q"], f["qd"], out["tau"][0].cpu().numpy())
+        t4 = time.perf_counter()
         if self.t0 is None:
             self.t0 = frame.t
         row = {"t": frame.t - self.t0, "fx": float(force[0]), "fy": float(force[1]),
@@ -97,16 +125,28 @@ class LiveLoop:
         row["gate"] = gate
         row.update({f"condition_{c}": float(v)
                     for c, v in zip(self.platform.channel_names, condition, strict=True)})
+        if est is not None:
+            row["contact_link"] = self.contact.surfaces.names[est.link] if est.link >= 0 else ""
+            row.update({f"contact_p{a}": float(v) for a, v in zip("xyz", est.point_local,
+                                                                  strict=True)})
+            row.update({f"contact_f{a}": float(v) for a, v in zip("xyz", est.force,
+                                                                  strict=True)})
         row.update(valid=int(frame.valid.all()), warm=int(self.window.warm),
                    read_ms=1e3 * (t1 - t0), infer_ms=1e3 * (t2 - t1),
-                   write_ms=1e3 * (t3 - t2), total_ms=1e3 * (t3 - t0),
-                   late_ms=1e3 * (t0 - scheduled))
+                   write_ms=1e3 * (t3 - t2))
+        if est is not None:
+            row["contact_ms"] = 1e3 * (t4 - t3)
+        # total: the cycle's work (read .. contact), what decides whether it overruns
+        row.update(total_ms=1e3 * (t4 - t0), late_ms=1e3 * (t0 - scheduled))
         if self.viewer is not None:  # after the write: the command is not delayed
             self.viewer.log_frame(row["t"], q=frame.q, qd=frame.qd, q_cmd=self.q_cmd,
                                   effort=frame.effort, force=force,
                                   force_lo=_first(out, "force_lo"),
                                   force_hi=_first(out, "force_hi"), gate=gate,
-                                  condition=condition)
+                                  condition=condition,
+                                  contact_link=None if est is None else float(est.link),
+                                  contact_point=None if est is None else est.point_local,
+                                  contact_force=None if est is None else est.force)
         return row
 
     def run(self, seconds: float | None, sink: csv.DictWriter | None,
@@ -163,8 +203,13 @@ class StatusLine:
         rate = f"{(len(recent) - 1) / span:5.1f}" if span > 0 else "    —"  # not known yet
         force = math.sqrt(last["fx"] ** 2 + last["fy"] ** 2 + last["fz"] ** 2)
         incomplete = sum(1 - int(r["valid"]) for r in rows)
+        contact = ""
+        if "contact_link" in last:  # --contact: the latest estimate
+            where = last["contact_link"]
+            size = math.hypot(*(last[f"contact_f{a}"] for a in "xyz"))
+            contact = f" | contact {where} {size:.2f} N" if where else " | contact none"
         return (f"live {rate} Hz | |f| {force:6.2f} N (fx {last['fx']:+.2f} fy "
-                f"{last['fy']:+.2f} fz {last['fz']:+.2f}) gate {last['gate']:.2f} | "
+                f"{last['fy']:+.2f} fz {last['fz']:+.2f}) gate {last['gate']:.2f}{contact} | "
                 f"{len(rows)} cycles, {incomplete} incomplete, {lost_slots} lost")
 
     def update(self, rows: list[dict[str, float]], lost_slots: int) -> None:
@@ -197,7 +242,9 @@ def summarize_timings(rows: list[dict[str, float]], fps: float) -> dict[str, flo
     if not rows:
         return {"cycles": 0}
     out: dict[str, float] = {"cycles": len(rows)}
-    for key in ("read_ms", "infer_ms", "write_ms", "total_ms"):
+    for key in ("read_ms", "infer_ms", "write_ms", "contact_ms", "total_ms"):
+        if key not in rows[0]:  # contact_ms: with --contact only
+            continue
         v = np.array([r[key] for r in rows])
         out[f"{key[:-3]}_p50_ms"] = float(np.percentile(v, 50))
         out[f"{key[:-3]}_p99_ms"] = float(np.percentile(v, 99))
@@ -207,6 +254,8 @@ def summarize_timings(rows: list[dict[str, float]], fps: float) -> dict[str, flo
     ts = np.array([r["t"] for r in rows])
     out["rate_hz"] = float((len(ts) - 1) / (ts[-1] - ts[0])) if len(ts) > 1 else math.nan
     out["invalid_cycles"] = int(sum(1 - r["valid"] for r in rows))
+    if "contact_link" in rows[0]:
+        out["contact_cycles"] = int(sum(bool(r["contact_link"]) for r in rows))
     return out
 
 
@@ -214,19 +263,25 @@ def run_live(ckpt: str | Path, platform: str | Platform, port: str,
              out: str | Path | None = None, seconds: float | None = None,
              device: str = "cpu", calibration: str | Path | None = None,
              threads: int | None = 1, quiet: bool = False, rrd: str | Path | None = None,
-             display: bool = False) -> str:
+             display: bool = False, contact: str | Path | None = None) -> str:
     """Stream force/gate/condition from the arm on ``port`` with the actuator in ``ckpt``.
 
     Rows go to ``out`` (CSV, written as ``out.partial`` and renamed when the loop ends) or
     to stdout. ``threads``: torch intra-op threads (1 keeps the per-cycle latency low and
     steady; None leaves torch's setting). Unless ``quiet``, a one-line running status goes
     to stderr (:class:`StatusLine`). ``rrd`` / ``display``: also stream each cycle to a
-    Rerun recording file / viewer (:mod:`nactuator.viewer`). Returns a one-paragraph timing
-    summary.
+    Rerun recording file / viewer (:mod:`nactuator.viewer`). ``contact``: a calibration
+    file of ``nactuator contact calibrate`` for this model file; each row then carries the
+    contact estimate (``CONTACT_COLUMNS``, as ``infer --contact``). Returns a one-paragraph
+    timing summary.
     """
     p = platform if isinstance(platform, Platform) else load_platform(platform)
     if seconds is not None and not seconds > 0:
         raise ValueError(f"seconds must be > 0, got {seconds}")
+    if contact is not None:  # a bad calibration file fails before the model loads
+        from nactuator.contact import ContactCalibration
+
+        ContactCalibration.load(contact)
     if threads is not None:  # before loading: an ONNX session takes its thread count then
         torch.set_num_threads(threads)
     # A checkpoint, bundle or exported .pt/.onnx file (nactuator.models.load_model).
@@ -239,13 +294,18 @@ def run_live(ckpt: str | Path, platform: str | Platform, port: str,
         raise ValueError(f"{ckpt}: the model reads {unread}, which the live loop does not "
                          f"stream (it reads {list(LIVE_CHANNELS)}); use it with eval, "
                          "bench-bam or plan")
+    stream = None
+    if contact is not None:  # checked against this model and platform before the bus opens
+        from nactuator.contact import ContactStream
+
+        stream = ContactStream.open(contact, p, ckpt)
     viewer = open_viewer(f"live {p.name} {port}", p.channel_names, rrd, display)
     # SIGTERM ends the loop like Ctrl-C; leaving open_bus() switches torque off either way.
     with sigterm_as_interrupt(), open_bus(p, port, calibration) as bus:
         hold = bus.read_goal()
         bus.wait_ready()
         loop = LiveLoop(actuator, bus, p, hold, device, viewer,
-                        input_filters=meta["input_filters"])
+                        input_filters=meta["input_filters"], contact=stream)
         if out is None:
             sink_file: TextIO = sys.stdout
             partial = None
@@ -268,10 +328,14 @@ def run_live(ckpt: str | Path, platform: str | Platform, port: str,
     if not rows:
         return "live: no cycles ran"
     where = f"; rows in {out}" if out else ""
+    contacts = ("" if stream is None else
+                f"; contact on {s['contact_cycles']} cycles, estimate p50/p99 "
+                f"{s['contact_p50_ms']:.2f}/{s['contact_p99_ms']:.2f} ms, "
+                f"{loop.lost_slots} slots lost")
     return (f"live: {s['cycles']} cycles at {s['rate_hz']:.1f} Hz with {meta['source']} "
             f"({meta['weights']} weights); per cycle p50/p99 read {s['read_p50_ms']:.2f}/"
             f"{s['read_p99_ms']:.2f} ms, infer {s['infer_p50_ms']:.2f}/{s['infer_p99_ms']:.2f}"
             f" ms, write {s['write_p50_ms']:.2f}/{s['write_p99_ms']:.2f} ms, total "
             f"{s['total_p50_ms']:.2f}/{s['total_p99_ms']:.2f} ms; start jitter "
             f"{s['jitter_p50_ms']:.2f}/{s['jitter_p99_ms']:.2f} ms; "
-            f"{s['invalid_cycles']} cycles with incomplete telemetry{where}")
+            f"{s['invalid_cycles']} cycles with incomplete telemetry{contacts}{where}")

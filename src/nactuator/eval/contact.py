@@ -11,7 +11,6 @@ localises per frame with the same model.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Sequence
 
@@ -21,13 +20,13 @@ from nactuator.contact import (
     ContactCalibration,
     LinkSurfaces,
     calibrate_threshold,
+    check_calibration,
     detect,
+    episode_residual,
     estimate_frames,
-    external_torque,
     load_contact_config,
-    tare,
+    model_sha256,
 )
-from nactuator.contact.estimate import EDGE_FRAMES
 from nactuator.data import Episode
 from nactuator.data.episodes import dataset_paths, filter_episode
 from nactuator.eval.episodes import (
@@ -36,7 +35,6 @@ from nactuator.eval.episodes import (
     load_episodes,
     predict_episodes,
 )
-from nactuator.model_files import resolve_model_path
 from nactuator.models import load_model
 from nactuator.platforms import Platform, load_platform
 from nactuator.sim.dynamics import ArmDynamics
@@ -44,30 +42,16 @@ from nactuator.sim.dynamics import ArmDynamics
 __all__ = ["calibrate_contact", "contact_columns", "model_sha256", "residuals"]
 
 
-def model_sha256(ckpt: str | os.PathLike) -> str:
-    """The model file's SHA-256: which torque model a calibration's thresholds belong to."""
-    h = hashlib.sha256()
-    with open(resolve_model_path(ckpt), "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def residuals(platform: Platform, episodes: Sequence[Episode],
               preds: Sequence[dict[str, np.ndarray]], tare_seconds: float) -> list[np.ndarray]:
-    """Per episode: tau_ext (T, n) from the model's ``tau``; the first and last
-    :data:`EDGE_FRAMES` frames (the centred qdd filter's edges) are NaN."""
+    """Per episode: tau_ext (T, n) from the model's ``tau``
+    (:func:`nactuator.contact.episode_residual`: causal, NaN on the warm-up and tare frames;
+    what ``live --contact`` computes frame by frame)."""
     dyn = ArmDynamics.for_platform(platform)
-    out = []
-    for ep, p in zip(episodes, preds, strict=True):
-        q = np.asarray(ep.frames["q"], np.float64)
-        qd = np.asarray(ep.frames["qd"], np.float64)
-        r = tare(external_torque(dyn, q, qd, p["tau"], platform.control_dt),
-                 platform.control_dt, tare_seconds)
-        r[:EDGE_FRAMES] = np.nan
-        r[-EDGE_FRAMES:] = np.nan
-        out.append(r)
-    return out
+    return [episode_residual(dyn, np.asarray(ep.frames["q"], np.float64),
+                             np.asarray(ep.frames["qd"], np.float64), p["tau"],
+                             platform.control_dt, tare_seconds)
+            for ep, p in zip(episodes, preds, strict=True)]
 
 
 def _predict(ckpt, data, split):
@@ -124,21 +108,10 @@ def contact_columns(platform: Platform, episodes: Sequence[Episode],
     """Per frame of all ``episodes``: ``contact_link`` (the MJCF body name; empty: none),
     ``contact_px/py/pz`` (m, in that body's frame), ``contact_fx/fy/fz`` (N, base frame,
     environment on robot); and summary lines (against contact labels where there are any)."""
-    calib = ContactCalibration.load(calib_path)
-    if calib.platform != platform.name:
-        raise EvalDataError(f"{calib_path}: calibrated for platform {calib.platform!r}, the "
-                            f"model is {platform.name!r}")
-    sha = model_sha256(ckpt)
-    if sha != calib.model_sha256:
-        raise EvalDataError(f"{calib_path}: thresholds of model {calib.model} (SHA-256 "
-                            f"{calib.model_sha256[:12]}), not of {ckpt} ({sha[:12]}); "
-                            "calibrate again with this model (nactuator contact calibrate)")
     cfg = load_contact_config(platform)
     surf = LinkSurfaces.build(platform, cfg)
+    calib = check_calibration(calib_path, platform, ckpt, surf)
     thr = np.asarray(calib.threshold)
-    if thr.size != int(surf.last_joint.max()) + 1:
-        raise EvalDataError(f"{calib_path}: {thr.size} thresholds, the contact links of "
-                            f"{platform.name} need {int(surf.last_joint.max()) + 1}")
     res = residuals(platform, episodes, preds, calib.tare_seconds)
     est = [estimate_frames(surf, np.asarray(ep.frames["q"], np.float64), r, thr,
                            float(cfg["friction"])) for ep, r in zip(episodes, res, strict=True)]
