@@ -23,8 +23,10 @@ Three Jacobians (:mod:`nactuator.control.jacobian`, :mod:`nactuator.control.fiel
   model's predicted displacement: lag and momentum included, but a model that predicts
   motion where the arm holds then leaves that much steady-state error).
 
-* ``field``: a Jacobian field J_θ(q) fitted to the world's point tracks under random
-  command perturbations (the seed's self-supervised recipe); ``x̂`` = the observed point.
+* ``field``: a Jacobian field J_θ(obs) fitted to the world's point tracks under random
+  command perturbations (the seed's self-supervised recipe); the observation is the
+  measured joints and, as the field file says, the servos' effort and ``u − q``;
+  ``x̂`` = the observed point.
 
 In the image (:mod:`.image`, ``--camera`` with a pixel path ``time, u, v``): ``e`` is the
 target pixel minus the camera's projection of ``x̂``, and each method's J becomes
@@ -209,8 +211,13 @@ class Tracker:
         if self.method == "kinematic":
             x_at, J = kinematic_jacobian(self.kin, self.points, obs.q)
             x_hat = obs.x
-        elif self.method == "field":  # learned J_θ(q) (control.field)
-            J, x_hat = self.field.jacobian(obs.q, len(u)), obs.x
+        elif self.method == "field":  # learned J_θ(obs) (control.field)
+            # The observation a field may read: joints, the servos' effort, and the lag
+            # behind the command now held (u − q); a residual field adds rigid FK at q.
+            prior = (kinematic_jacobian(self.kin, self.points, obs.q)[1]
+                     if self.field.prior != "none" else None)
+            J = self.field.jacobian(obs.q, len(u), effort=obs.effort, q_cmd=u, prior=prior)
+            x_hat = obs.x
             x_at = x_hat
         else:
             hist = {k: np.array(v) for k, v in self.history.items()} if self.history["q"] \
