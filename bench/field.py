@@ -3,12 +3,15 @@
 For each collection seed (``--seeds``): random ±0.04 rad command perturbations held 16
 steps at poses within ±0.3 rad of the track start pose, at each ``--fit-payload-g`` (one
 dataset; 0.5 mm track noise), then one field per ``--variants`` entry fitted to it:
-``q`` (the joints only), ``q+effort``, ``q+effort+error`` (the servos' load telemetry), and
-with an ``fk:`` prefix the residual J_FK(q) + ΔJ_θ(obs). Every field and rigid FK track the
-circle at each ``--payload-g`` (the evaluation payloads, some not fitted at), judged by the
-world's own end-effector; rigid FK is deterministic and runs once. ``--check-poses``
-scores each Jacobian against the world's own dx/du (control.jacobian_check) at the start
-pose and seeded poses, per payload, as bench/jacobian.py does.
+``q`` (the joints only), ``q+effort``, ``q+effort+error`` (the servos' load telemetry);
+an ``fk:`` prefix fits the residual J_FK(q) + ΔJ_θ(obs), ``fk_scale:`` rigid FK's columns
+scaled by 1 ± ½, and ``,signed`` after the prior one set of columns per step sign. Every
+field and rigid FK track the circle at each ``--payload-g`` (the evaluation payloads, some
+not fitted at), judged by the world's own end-effector; rigid FK is deterministic and runs
+once. ``--check-poses`` scores each Jacobian against the world's own dx/du
+(control.jacobian_check) at the start pose and seeded poses, per payload, as
+bench/jacobian.py does. ``--out`` writes field.json and field.png (target vs tracked, the
+first seed's fields).
 
     .venv/bin/python bench/field.py [--seeds 0 1] [--fit-payload-g 0 300] [--out DIR]
 
@@ -40,10 +43,11 @@ KEYS = ("rms_mm", "mean_mm", "max_mm", "final_mm", "settling_s", "decide_p50_ms"
         "decide_p99_ms", "max_rate_hz")
 
 
-def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
-    """``[fk:]q[+effort][+error]`` -> (prior, observation)."""
-    prior, _, obs = text.rpartition(":")
-    return prior or "none", tuple(obs.split("+"))
+def parse_variant(text: str) -> tuple[str, bool, tuple[str, ...]]:
+    """``[PRIOR[,signed]:]q[+effort][+error]`` -> (prior, signed, observation)."""
+    head, _, obs = text.rpartition(":")
+    prior, _, flag = head.partition(",")
+    return prior or "none", flag == "signed", tuple(obs.split("+"))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fit-payload-g", nargs="+", type=float, default=[0.0, 300.0])
     ap.add_argument("--payload-g", nargs="+", type=float, default=[0.0, 200.0, 400.0])
     ap.add_argument("--variants", nargs="+", default=["q", "q+effort+error"],
-                    help="[fk:]q[+effort][+error] per field")
+                    help="[PRIOR[,signed]:]q[+effort][+error] per field, PRIOR one of none, "
+                         "fk, fk_scale")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="collection seeds")
     ap.add_argument("--fit-steps", type=int, default=3000, help="full-batch Adam steps")
     ap.add_argument("--horizon", type=int, default=None,
@@ -112,12 +117,13 @@ def main(argv: list[str] | None = None) -> None:
         t1 = time.perf_counter()
         priors = None
         for v in a.variants:
-            prior, obs = parse_variant(v)
+            prior, signed, obs = parse_variant(v)
             if prior != "none" and priors is None:
                 priors = fk_priors(sim.kinematics, data["q"])
             t2 = time.perf_counter()
             field, fit = fit_field(data, p.n, joints, steps=a.fit_steps, seed=seed,
-                                   observation=obs, prior=prior, priors=priors)
+                                   observation=obs, prior=prior, priors=priors,
+                                   signed=signed)
             fields[(v, seed)] = field
             fits.append({"variant": v, "seed": seed, "collect_s": t1 - t0,
                          "fit_s": time.perf_counter() - t2, **fit})

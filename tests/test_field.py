@@ -27,44 +27,49 @@ Q0 = np.array([0.0, -0.5, 0.5, 0.9, 0.0, 0.3])
 JOINTS = [0, 1, 2, 3, 4]
 
 
-def numpy_jacobian(state: dict, q, extra: list, prior=None, kind: str = "none"
-                   ) -> np.ndarray:
+def numpy_jacobian(state: dict, q, extra: list, prior=None, kind: str = "none",
+                   signed: bool = False) -> np.ndarray:
     """The field's MLP written out in numpy from the saved weights: features sin q, cos q
     and each extra input normalised (clipped to ±3 std), two tanh layers; then (3, k) J
     (``none``), the prior plus it (``fk``), or the prior's columns scaled by
-    1 + ½ tanh of its k outputs (``fk_scale``)."""
+    1 + ½ tanh of its k outputs (``fk_scale``); a signed field's two halves averaged."""
     w = {k: v.double().numpy() for k, v in state.items()}
     h = np.concatenate([np.sin(q), np.cos(q), *(np.clip(z, -3.0, 3.0) for z in extra)])
     h = np.tanh(w["net.0.weight"] @ h + w["net.0.bias"])
     h = np.tanh(w["net.2.weight"] @ h + w["net.2.bias"])
     out = w["net.4.weight"] @ h + w["net.4.bias"]
-    if kind == "fk_scale":
-        return prior * (1 + 0.5 * np.tanh(out))[None, :]
-    J = out.reshape(3, -1)
-    return J if kind == "none" else J + prior
+    Js = []
+    for half in np.split(out, 2 if signed else 1):
+        if kind == "fk_scale":
+            Js.append(prior * (1 + 0.5 * np.tanh(half))[None, :])
+        else:
+            Js.append(half.reshape(3, -1) + (0 if kind == "none" else prior))
+    return np.mean(Js, axis=0)
 
 
-def random_field(observation, prior="none", seed=0) -> JacobianField:
+def random_field(observation, prior="none", seed=0, signed=False) -> JacobianField:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     norm = {o: {"mean": rng.normal(size=6).tolist(), "std": rng.uniform(0.5, 2, 6).tolist()}
             for o in observation[1:]}
     field = JacobianField(6, JOINTS, hidden=16, observation=observation, norm=norm,
-                          prior=prior)
+                          prior=prior, signed=signed)
     with torch.no_grad():  # a residual field starts at zero: give it a correction to carry
         for prm in field.parameters():
             prm.add_(0.1 * torch.randn_like(prm))
     return field.eval()
 
 
-@pytest.mark.parametrize("prior", ["none", "fk", "fk_scale"])
+@pytest.mark.parametrize(("prior", "signed"), [("none", False), ("fk", False),
+                                               ("fk_scale", False), ("fk_scale", True)])
 def test_the_observation_and_its_normalisation_round_trip_through_the_file(tmp_path, sims,
-                                                                          prior) -> None:
+                                                                          prior, signed) -> None:
     kin = sims["so101"].kinematics
-    field = random_field(("q", "effort", "error"), prior=prior)
+    field = random_field(("q", "effort", "error"), prior=prior, signed=signed)
     out = save_field(tmp_path / "f.pt", field, "so101", {"payload_g": [0.0, 300.0]})
     back = load_field(out, expect_platform="so101")
     assert back.observation == ("q", "effort", "error") and back.prior == prior
+    assert back.signed == signed
     assert back.norm == field.norm and back.info["payload_g"] == [0.0, 300.0]
     rng = np.random.default_rng(1)
     for _ in range(3):
@@ -76,7 +81,7 @@ def test_the_observation_and_its_normalisation_round_trip_through_the_file(tmp_p
         s = {o: np.array(back.norm[o]["std"]) for o in back.norm}
         expect = numpy_jacobian(back.state_dict(), q, [(effort - m["effort"]) / s["effort"],
                                                        (u - q - m["error"]) / s["error"]],
-                                fk[:, JOINTS], prior)
+                                fk[:, JOINTS], prior, signed)
         np.testing.assert_allclose(J[:, JOINTS], expect, atol=2e-5)
         assert np.all(J[:, 5] == 0)  # the gripper column is not controlled
         # The load inputs matter: another effort gives another J.
@@ -191,3 +196,53 @@ def test_a_loaded_observation_field_tracks_on_the_emulated_bus_ends_with_torque_
     run = json.loads((tmp_path / "run" / "track.json").read_text())["runs"][0]
     assert run["method"] == "field" and run["metrics"]["stop"] in ("settled", "timeout")
     assert np.linalg.norm(end - (start_world + d)) < 0.01, end - start_world
+
+
+def test_a_signed_field_steps_with_the_columns_of_its_steps_signs(sims) -> None:
+    """A servo answers a step up and a step down differently; a signed field's loop step
+    must be the damped-least-squares step through the columns its own signs select
+    (checked here by solving again in numpy), not through their mean."""
+    from nactuator.control.jacobian import Points
+    from nactuator.control.plants import Observation
+    from nactuator.control.track import Tracker, TrackSettings
+
+    p, sim = load_platform("so101"), sims["so101"]
+    rng = np.random.default_rng(3)
+    up = rng.normal(0, 0.2, (3, 6))
+    down = up * rng.uniform(0.2, 0.6, 6)  # a step down moves the point less
+
+    class Fixed:  # the two column sets of a signed field at this observation
+        signed, prior, observation = True, "none", ("q",)
+
+        def jacobians(self, q, n, effort=None, q_cmd=None, prior=None):
+            return np.stack([up, down])
+
+    s = TrackSettings(null_gain=0.0, step_clip=10.0, max_lead=10.0)
+    tracker = Tracker("field", p, sim.kinematics, Points.end_effector(sim.kinematics), s,
+                      field=Fixed())
+    u = Q0.copy()
+    obs = Observation(Q0, np.zeros(6), np.zeros((1, 3)), None, 0.0, effort=np.zeros(6))
+    e = np.array([0.004, -0.002, 0.003])
+    new, _ = tracker.decide(obs, u, e[None])
+    du = (new - u)[JOINTS]
+    J = np.where(du >= 0, up[:, JOINTS], down[:, JOINTS])
+    expect = s.gain * np.linalg.solve(J.T @ J + s.damping**2 * np.eye(5), J.T @ e)
+    np.testing.assert_allclose(du, expect, atol=1e-12)
+    mean = 0.5 * (up + down)[:, JOINTS]
+    plain = s.gain * np.linalg.solve(mean.T @ mean + s.damping**2 * np.eye(5), mean.T @ e)
+    assert np.abs(plain - du).max() > 1e-3  # the signs' columns made a difference
+
+
+def test_field_fit_cli_writes_the_configured_observation(tmp_path, monkeypatch) -> None:
+    """`nactuator field fit` with the observation, prior and sign flags: the file says
+    what was asked, and the collection had a block of poses per payload."""
+    from nactuator.cli import main
+
+    out = tmp_path / "f.pt"
+    assert main(["field", "fit", "--platform", "so101", "--out", str(out), "--poses", "3",
+                 "--per-pose", "2", "--payload-g", "0", "300", "--observation", "q", "effort",
+                 "--prior", "fk_scale", "--signed", "--steps", "20"]) == 0
+    f = load_field(out, expect_platform="so101")
+    assert f.observation == ("q", "effort") and f.prior == "fk_scale" and f.signed
+    assert f.info["samples"] == 12 and f.info["payload_g"] == [0.0, 300.0]
+    assert f.jacobians(Q0, 6, effort=np.zeros(6), prior=np.ones((3, 6))).shape == (2, 3, 6)

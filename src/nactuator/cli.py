@@ -440,7 +440,7 @@ def _field_fit(a: argparse.Namespace) -> int:
     info = fit_field_file(a.out, platform=a.platform, poses=a.poses, per_pose=a.per_pose,
                           payload_g=a.payload_g, steps=a.steps, noise=a.track_noise,
                           config=a.config, world=a.world, seed=a.seed,
-                          observation=a.observation, prior=a.prior)
+                          observation=a.observation, prior=a.prior, signed=a.signed)
     print(f"field: {info['samples']} perturbations at {info['payload_g']} g "
           f"({info['collect_s']:.0f} s in the world), fitted in {info['fit_s']:.0f} s; "
           f"held-out R² {info['heldout_r2']:.3f}; wrote {a.out}")
@@ -1175,6 +1175,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fk: learn only a correction to rigid FK, J_FK(q) + ΔJ(obs); "
                         "fk_scale: FK's columns each scaled within 1 ± 0.5 (default: the "
                         "config's field.prior)")
+    s.add_argument("--signed", default=None, action=argparse.BooleanOptionalAction,
+                   help="one set of columns for a command step up and one for a step down "
+                        "(default: the config's field.signed)")
     s.add_argument("--steps", type=_positive_int, default=3000, help="Adam steps of the fit")
     s.add_argument("--track-noise", type=float, default=0.0005,
                    help="std of the noise on the observed point track [m]")

@@ -18,7 +18,10 @@ fit's training split, stored in the file. With ``prior="fk"`` the field learns o
 correction to rigid FK, J = J_FK(q) + ΔJ_θ(obs), so the geometry it need not learn is
 given; with ``prior="fk_scale"`` only a bounded gain per joint column,
 J = J_FK(q) · diag(1 + ½ tanh c_θ(obs)), so FK's directions are kept (the residual
-designs, docs/tracking.md).
+designs, docs/tracking.md). A ``signed`` field has one set of columns for a command step
+up and one for a step down: the world's servos answer the two differently (gravity and
+friction; a linear J explains ~0.7 of Δx's variance, one per sign ~0.95), and the loop
+solves for a step whose signs match the columns it used (``control.track``).
 
 ``nactuator field fit`` collects (at one or several payloads), fits and saves a field file
 (:func:`save_field`: weights, sizes, observation, normalisation; loaded with
@@ -119,9 +122,10 @@ class JacobianField(torch.nn.Module):
 
     def __init__(self, n: int, joints: list[int], hidden: int = 64,
                  observation: Sequence[str] = ("q",), norm: dict | None = None,
-                 prior: str = "none") -> None:
+                 prior: str = "none", signed: bool = False) -> None:
         super().__init__()
         self.n, self.hidden = n, hidden
+        self.signed = bool(signed)
         self.joints = list(joints)
         self.observation = _check_observation(observation)
         if prior not in PRIORS:
@@ -140,7 +144,8 @@ class JacobianField(torch.nn.Module):
         self.net = torch.nn.Sequential(
             torch.nn.Linear(2 * n + n * len(extra), hidden), torch.nn.Tanh(),
             torch.nn.Linear(hidden, hidden), torch.nn.Tanh(),
-            torch.nn.Linear(hidden, len(joints) if prior == "fk_scale" else 3 * len(joints)))
+            torch.nn.Linear(hidden, (2 if self.signed else 1)
+                            * (len(joints) if prior == "fk_scale" else 3 * len(joints))))
         if prior != "none":
             # The correction starts at zero: an unfitted residual field is rigid FK.
             torch.nn.init.zeros_(self.net[-1].weight)
@@ -149,7 +154,9 @@ class JacobianField(torch.nn.Module):
     def forward(self, q: torch.Tensor, extra: dict[str, torch.Tensor] | None = None,
                 prior: torch.Tensor | None = None) -> torch.Tensor:
         """``extra[name]`` (B, n) raw for each observation beyond q; ``prior`` (B, 3, k)
-        the rigid-FK columns of the controlled joints (residual priors only)."""
+        the rigid-FK columns of the controlled joints (residual priors only). Returns
+        (B, 3, k), or for a signed field (B, 2, 3, k): the columns for a command step up
+        (index 0) and down (index 1)."""
         features = [torch.sin(q), torch.cos(q)]  # joint angles are periodic
         for o in self.observation[1:]:
             # Clipped to ±CLIP std: a loop can read effort or lag far outside what the
@@ -157,16 +164,27 @@ class JacobianField(torch.nn.Module):
             # at the edge of its data instead of extrapolating a tanh net.
             z = (extra[o] - self._mean[o]) / self._std[o]
             features.append(z.clamp(-CLIP, CLIP))
-        out = self.net(torch.cat(features, -1))
+        k = len(self.joints)
+        out = self.net(torch.cat(features, -1)).reshape(len(q), 2 if self.signed else 1, -1)
         if self.prior == "none":
-            return out.reshape(len(q), 3, len(self.joints))
-        if prior is None:
+            J = out.reshape(len(q), -1, 3, k)
+        elif prior is None:
             raise ValueError(f"a residual field (prior {self.prior!r}) needs the rigid-FK prior")
-        if self.prior == "fk_scale":
+        elif self.prior == "fk_scale":
             # Rigid FK's directions kept, each joint's column scaled within 1 ± SCALE_BOUND:
             # whatever the observation reads, the step cannot turn against FK.
-            return prior * (1.0 + SCALE_BOUND * torch.tanh(out))[:, None, :]
-        return prior + out.reshape(len(q), 3, len(self.joints))
+            J = prior[:, None] * (1.0 + SCALE_BOUND * torch.tanh(out))[:, :, None, :]
+        else:
+            J = prior[:, None] + out.reshape(len(q), -1, 3, k)
+        return J if self.signed else J[:, 0]
+
+    def predict(self, J: torch.Tensor, du: torch.Tensor) -> torch.Tensor:
+        """Δx (B, 3) of command steps ``du`` (B, k) from :meth:`forward`'s J: a signed
+        field takes each joint's column for the sign of its step (gravity and friction make
+        a servo answer a step up and a step down differently)."""
+        if self.signed:
+            J = torch.where((du >= 0)[:, None, :], J[:, 0], J[:, 1])
+        return torch.einsum("bij,bj->bi", J, du)
 
     def jacobian(self, q: np.ndarray, n: int, effort: np.ndarray | None = None,
                  q_cmd: np.ndarray | None = None, prior: np.ndarray | None = None
@@ -174,7 +192,15 @@ class JacobianField(torch.nn.Module):
         """(3, n) at one measured ``q``, zero in the columns it does not control. A field
         that reads ``effort`` or ``error`` needs the servo's effort and the command now
         held (error = q_cmd − q); ``prior`` (3, n) is rigid FK's dx/dq at ``q`` for a
-        residual field."""
+        residual field. A signed field gives the mean of its up and down columns (what
+        a central difference measures)."""
+        return self.jacobians(q, n, effort, q_cmd, prior).mean(0)
+
+    def jacobians(self, q: np.ndarray, n: int, effort: np.ndarray | None = None,
+                  q_cmd: np.ndarray | None = None, prior: np.ndarray | None = None
+                  ) -> np.ndarray:
+        """(2, 3, n): the columns for a step up and for a step down (the same twice for a
+        field that is not signed); arguments as :meth:`jacobian`."""
         q = np.asarray(q, np.float64)
         extra = {}
         for o in self.observation[1:]:
@@ -192,8 +218,8 @@ class JacobianField(torch.nn.Module):
             pri = torch.tensor(np.asarray(prior, np.float32)[None][:, :, self.joints])
         with torch.no_grad():
             J = self(torch.tensor(q.astype(np.float32)[None]), extra, pri)[0].numpy()
-        out = np.zeros((3, n))
-        out[:, self.joints] = J
+        out = np.zeros((2, 3, n))
+        out[:, :, self.joints] = J
         return out
 
 
@@ -211,7 +237,7 @@ def _norm_stats(data: dict[str, np.ndarray], names: Sequence[str], rows: np.ndar
 
 def fit_field(data: dict[str, np.ndarray], n: int, joints: list[int], steps: int = 3000,
               lr: float = 3e-3, seed: int = 0, observation: Sequence[str] = ("q",),
-              prior: str = "none", priors: np.ndarray | None = None
+              prior: str = "none", priors: np.ndarray | None = None, signed: bool = False
               ) -> tuple[JacobianField, dict[str, float]]:
     """Fit by full-batch Adam on ‖J_θ(obs) δu − Δx‖²; reports the fit on a 20 % hold-out.
 
@@ -234,13 +260,14 @@ def fit_field(data: dict[str, np.ndarray], n: int, joints: list[int], steps: int
             raise ValueError(f"fit_field(prior={prior!r}) needs the rigid-FK priors (fk_priors)")
         pri = torch.tensor(np.asarray(priors)[:, :, joints], dtype=torch.float32)
     field = JacobianField(n, joints, observation=observation,
-                          norm=_norm_stats(data, observation[1:], tr.numpy()), prior=prior)
+                          norm=_norm_stats(data, observation[1:], tr.numpy()), prior=prior,
+                          signed=signed)
     opt = torch.optim.Adam(field.parameters(), lr=lr)
 
     def loss(idx: torch.Tensor) -> torch.Tensor:
         J = field(q[idx], {o: v[idx] for o, v in extra.items()},
                   None if pri is None else pri[idx])
-        pred = torch.einsum("bij,bj->bi", J, du[idx])
+        pred = field.predict(J, du[idx])
         return ((pred - dx[idx]) ** 2).sum(-1).mean()
 
     for _ in range(steps):
@@ -265,7 +292,8 @@ def save_field(path: str | os.PathLike, field: JacobianField, platform: str,
     payload = {"format": FIELD_FORMAT, "platform": platform, "n": field.n,
                "joints": field.joints, "hidden": field.hidden,
                "observation": list(field.observation), "norm": field.norm,
-               "prior": field.prior, "state_dict": field.state_dict(), "info": info}
+               "prior": field.prior, "signed": field.signed,
+               "state_dict": field.state_dict(), "info": info}
     with atomic_path(path, suffix=".pt") as tmp:
         torch.save(payload, tmp)
     return path
@@ -293,7 +321,8 @@ def load_field(path: str | os.PathLike, expect_platform: str | None = None) -> J
     field = JacobianField(int(payload["n"]), [int(j) for j in payload["joints"]],
                           int(payload["hidden"]),
                           observation=payload.get("observation", ("q",)),
-                          norm=payload.get("norm"), prior=payload.get("prior", "none"))
+                          norm=payload.get("norm"), prior=payload.get("prior", "none"),
+                          signed=bool(payload.get("signed", False)))
     field.load_state_dict(payload["state_dict"])
     field.info = dict(payload.get("info", {}))
     field.format = fmt

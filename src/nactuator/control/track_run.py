@@ -363,12 +363,12 @@ def _start_offset(plant, relative: bool, path_points: np.ndarray,
 
 def load_field_config(platform: Platform, path: str | os.PathLike | None = None) -> dict:
     """The ``field:`` section of the track config (``nactuator field fit``'s defaults):
-    ``payloads_g``, ``observation``, ``prior``, ``poses``, ``per_pose``; those it leaves out
-    are the joints-only recipe's (one payload, 0 g)."""
+    ``payloads_g``, ``observation``, ``prior``, ``signed``, ``poses``, ``per_pose``; those it
+    leaves out are the joints-only recipe's (one payload, 0 g)."""
     path = Path(path) if path else conf_dir() / "track" / f"{platform.name}.yaml"
     cfg = (yaml.safe_load(path.read_text()) or {}).get("field", {}) if path.is_file() else {}
-    defaults = {"payloads_g": [0.0], "observation": ["q"], "prior": "none", "poses": 96,
-                "per_pose": 8}
+    defaults = {"payloads_g": [0.0], "observation": ["q"], "prior": "none", "signed": False,
+                "poses": 96, "per_pose": 8}
     extra = sorted(set(cfg) - set(defaults))
     if extra:
         raise UserError(f"{path}: unknown field settings {extra}; known: {sorted(defaults)}")
@@ -380,7 +380,8 @@ def fit_field_file(out: str | os.PathLike, platform: str | Platform = "so101",
                    payload_g: float | list[float] | None = None, steps: int = 3000,
                    noise: float = 0.0005, config: str | os.PathLike | None = None,
                    world: str | None = None, seed: int = 0, threads: int = 1,
-                   observation: list[str] | None = None, prior: str | None = None) -> dict:
+                   observation: list[str] | None = None, prior: str | None = None,
+                   signed: bool | None = None) -> dict:
     """``nactuator field fit``: collect ``poses × per_pose`` perturbations per payload in
     the hidden world around the track config's start pose (its joints and horizon), fit the
     field on the observation, save it to ``out``; returns what was saved as ``info``.
@@ -401,6 +402,7 @@ def fit_field_file(out: str | os.PathLike, platform: str | Platform = "so101",
                                                  else payload_g)]
     observation = list(fc["observation"] if observation is None else observation)
     prior = fc["prior"] if prior is None else prior
+    signed = bool(fc["signed"] if signed is None else signed)
     joints = s.joints or [j for j in range(p.n) if j not in p.gripper_indices]
     if poses < 2 or per_pose < 1:
         raise UserError(f"--poses {poses} / --per-pose {per_pose}: need ≥ 2 poses and ≥ 1 "
@@ -416,7 +418,8 @@ def fit_field_file(out: str | os.PathLike, platform: str | Platform = "so101",
 
         priors = fk_priors(Simulator(p).kinematics, data["q"])
     learned, fit = fit_field(data, p.n, joints, steps=steps, seed=seed,
-                             observation=observation, prior=prior, priors=priors)
+                             observation=observation, prior=prior, priors=priors,
+                             signed=signed)
     info = {**fit, "poses": poses, "per_pose": per_pose, "horizon": s.horizon,
             "track_noise_m": noise, "payload_g": payloads, "world": world or "default",
             "seed": seed, "collect_s": t1 - t0, "fit_s": time.perf_counter() - t1,
