@@ -50,6 +50,58 @@ def parse_variant(text: str) -> tuple[str, bool, tuple[str, ...]]:
     return prior or "none", flag == "signed", tuple(obs.split("+"))
 
 
+def sign_gains(data: dict, priors: np.ndarray, joints: list[int]) -> str:
+    """Why a linear J explains so little: per payload, least-squares gains on rigid FK's
+    columns (Δx ≈ Σ_j c_j J_FK[:, j] δu_j), one per joint, then one per joint and step
+    sign; the fraction of Δx's variance (about zero) each explains."""
+    lines = ["| payload [g] | R² one gain per joint | gains | R² one per joint and sign | "
+             "gains δu > 0 | gains δu < 0 |", "|---|---|---|---|---|---|"]
+    for g in sorted(set(data["payload_g"])):
+        m = data["payload_g"] == g
+        cols = priors[m][:, :, joints] * data["du"][m][:, None, :]  # (N, 3, k)
+        y = data["dx"][m].reshape(-1)
+        up = data["du"][m][:, None, :] >= 0
+        fits = []
+        for X in (cols, np.concatenate([np.where(up, cols, 0), np.where(up, 0, cols)], -1)):
+            A = X.reshape(len(y), -1)
+            c = np.linalg.lstsq(A, y, rcond=None)[0]
+            fits.append((1 - ((y - A @ c) ** 2).sum() / (y ** 2).sum(), c))
+        k = len(joints)
+        lines.append(f"| {g:.0f} | {fits[0][0]:.2f} | {np.round(fits[0][1], 2).tolist()} | "
+                     f"{fits[1][0]:.2f} | {np.round(fits[1][1][:k], 2).tolist()} | "
+                     f"{np.round(fits[1][1][k:], 2).tolist()} |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict], labels: list[str], payloads: list[float], seeds: list[int]
+            ) -> str:
+    """Per method and payload over the seeds: rms mean (min–max), the means of mean / max /
+    final error, the longest settling, decision p50/p99 (median over seeds), and in how
+    many seeds the field's rms beat rigid FK's at that payload."""
+    out = [f"over seeds {seeds}: rms mean (min–max); mean, max, final: means over seeds",
+           "| method | payload [g] | rms [mm] | mean [mm] | max [mm] | final [mm] | "
+           "settling max [s] | decide p50/p99 [ms] | rms < rigid FK |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for g in payloads:
+        fk = [r["rms_mm"] for r in rows if r["method"] == "kinematic" and r["payload_g"] == g]
+        for label in labels:
+            sel = [r for r in rows if r["method"] == label and r["payload_g"] == g]
+            if not sel:
+                continue
+            v = {k: np.array([r[k] for r in sel], float) for k in KEYS}
+            settle = ("—" if np.isnan(v["settling_s"]).any()
+                      else f"{v['settling_s'].max():.2f}")
+            wins = ("—" if label == "kinematic" or not fk else
+                    f"{int((v['rms_mm'] < fk[0]).sum())}/{len(sel)}")
+            out.append(f"| {label} | {g:.0f} | {v['rms_mm'].mean():.2f} "
+                       f"({v['rms_mm'].min():.2f}–{v['rms_mm'].max():.2f}) | "
+                       f"{v['mean_mm'].mean():.2f} | {v['max_mm'].mean():.2f} | "
+                       f"{v['final_mm'].mean():.2f} | {settle} | "
+                       f"{np.median(v['decide_p50_ms']):.1f}/{np.median(v['decide_p99_ms']):.1f}"
+                       f" | {wins} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--poses", type=int, default=96, help="per fit payload")
@@ -68,7 +120,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--path", default=str(conf_dir() / "track" / "paths" / "so101_circle.csv"),
                     help="target path CSV (time, x, y, z)")
     ap.add_argument("--out", default=None, help="folder for field.json and field.png")
+    ap.add_argument("--summarise", default=None, metavar="FIELD_JSON",
+                    help="print the summary table of a saved field.json and stop")
     a = ap.parse_args(argv)
+    if a.summarise:
+        saved = json.loads(Path(a.summarise).read_text())
+        labels = list(dict.fromkeys(r["method"] for r in saved["runs"]))
+        payloads = list(dict.fromkeys(r["payload_g"] for r in saved["runs"]))
+        print(summary(saved["runs"], labels, payloads, saved["seeds"]))
+        return
     torch.set_num_threads(1)
     p = load_platform("so101")
     q0, s = load_track_config(p)
@@ -115,11 +175,11 @@ def main(argv: list[str] | None = None) -> None:
         data = collect_perturbations(p, q0, joints, a.poses, a.per_pose, horizon,
                                      payload_kg=[g / 1000 for g in a.fit_payload_g], seed=seed)
         t1 = time.perf_counter()
-        priors = None
+        priors = fk_priors(sim.kinematics, data["q"])
+        print(f"seed {seed}: rigid FK's columns fitted to the world's Δx per payload\n"
+              + sign_gains(data, priors, joints), flush=True)
         for v in a.variants:
             prior, signed, obs = parse_variant(v)
-            if prior != "none" and priors is None:
-                priors = fk_priors(sim.kinematics, data["q"])
             t2 = time.perf_counter()
             field, fit = fit_field(data, p.n, joints, steps=a.fit_steps, seed=seed,
                                    observation=obs, prior=prior, priors=priors,
@@ -146,16 +206,8 @@ def main(argv: list[str] | None = None) -> None:
         for (v, seed), field in fields.items():
             run(f"field {v}", g, seed, field)
     labels = ["kinematic"] + [f"field {v}" for v in a.variants]
-    print(f"\nmean over seeds {a.seeds} (rms [mm], min–max)")
-    print("| method | " + " | ".join(f"{g:.0f} g" for g in a.payload_g) + " |")
-    print("|---|" + "---|" * len(a.payload_g))
-    for label in labels:
-        cells = []
-        for g in a.payload_g:
-            v = np.array([r["rms_mm"] for r in rows if r["method"] == label
-                          and r["payload_g"] == g])
-            cells.append(f"{v.mean():.2f} ({v.min():.2f}–{v.max():.2f})")
-        print(f"| {label} | " + " | ".join(cells) + " |")
+    print()
+    print(summary(rows, labels, a.payload_g, a.seeds))
     if checks:
         print(f"\n||J − J_world|| / ||J_world|| at {a.check_poses} poses (mean over poses and "
               "seeds; ||J|| / ||J_world|| in brackets)")

@@ -30,6 +30,9 @@ def test_bench_field_runs_field_and_rigid_fk(tmp_path, capsys):
                          "--path", str(short), "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert "field q seed 0: 12 perturbations at [0.0, 300.0] g" in out, out
+    gains = [r for r in table_rows(out, "") if r[0] in ("0", "300") and len(r) == 6]
+    assert [r[0] for r in gains] == ["0", "300"], out  # FK gains per payload, both fits
+    assert all(float(r[3]) >= float(r[1]) - 1e-9 for r in gains)  # signs only add freedom
     labels = ["kinematic", "field q", "field fk:q+effort+error"]
     rows = [r for label in labels for r in table_rows(out, label) if len(r) == 11]
     assert [(r[0], r[2]) for r in rows] == [(label, "200") for label in labels], out
@@ -46,6 +49,15 @@ def test_bench_field_runs_field_and_rigid_fk(tmp_path, capsys):
     assert sorted(c["method"] for c in saved["jacobian_check"]) == sorted(labels)
     assert all(c["rel_error"] >= 0 for c in saved["jacobian_check"])
     assert (tmp_path / "field.png").stat().st_size > 0
+    # The seed summary read back from the JSON: rms per method against rigid FK's.
+    bench_main("field")(["--summarise", str(tmp_path / "field.json")])
+    summary = capsys.readouterr().out
+    for label in labels:
+        (row,) = [r for r in table_rows(summary, label) if r[0] == label]
+        rms = [r["rms_mm"] for r in saved["runs"] if r["method"] == label][0]
+        assert row[2] == f"{rms:.2f} ({rms:.2f}–{rms:.2f})", row
+        fk = saved["runs"][0]["rms_mm"]
+        assert row[-1] == ("—" if label == "kinematic" else f"{int(rms < fk)}/1"), row
 
 
 def test_bench_jacobian_scores_kinematic_and_model(tmp_path, capsys):
