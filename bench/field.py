@@ -1,14 +1,22 @@
-"""A learned Jacobian field against rigid FK in closed loop (docs/results.md §9, "field").
+"""Learned Jacobian fields against rigid FK in closed loop (docs/results.md §9, "field").
 
-Fits J_θ(q) (control.field) to the world's end-effector tracks under random ±0.04 rad
-command perturbations held 16 steps at poses within ±0.3 rad of the track start pose
-(with 0.5 mm track noise; at 0 g, or ``--fit-payload-g``), then tracks the circle path at
-0 / 200 / 350 g with the field and with rigid FK, judged by the world's own end-effector.
+For each collection seed (``--seeds``): random ±0.04 rad command perturbations held 16
+steps at poses within ±0.3 rad of the track start pose, at each ``--fit-payload-g`` (one
+dataset; 0.5 mm track noise), then one field per ``--variants`` entry fitted to it:
+``q`` (the joints only), ``q+effort``, ``q+effort+error`` (the servos' load telemetry);
+an ``fk:`` prefix fits the residual J_FK(q) + ΔJ_θ(obs), ``fk_scale:`` rigid FK's columns
+scaled by 1 ± ½, and ``,signed`` after the prior one set of columns per step sign. Every
+field and rigid FK track the circle at each ``--payload-g`` (the evaluation payloads, some
+not fitted at), judged by the world's own end-effector; rigid FK is deterministic and runs
+once. ``--check-poses`` scores each Jacobian against the world's own dx/du
+(control.jacobian_check) at the start pose and seeded poses, per payload, as
+bench/jacobian.py does. ``--out`` writes field.json and field.png (target vs tracked, the
+first seed's fields).
 
-    .venv/bin/python bench/field.py [--poses 96] [--per-pose 8] [--out DIR]
+    .venv/bin/python bench/field.py [--seeds 0 1] [--fit-payload-g 0 300] [--out DIR]
 
-``--fit-steps`` and ``--path`` exist for the smoke test (tests/test_bench_control.py): a few
-Adam steps and a short path; the defaults are the figures' settings.
+``--fit-steps``, ``--poses`` and ``--path`` exist for the smoke test
+(tests/test_bench_control.py); the defaults are the figures' settings.
 """
 
 from __future__ import annotations
@@ -18,60 +26,208 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from nactuator.control.field import collect_perturbations, fit_field
-from nactuator.control.jacobian import Points
+from nactuator.control.field import collect_perturbations, fit_field, fk_priors
+from nactuator.control.jacobian import Points, kinematic_jacobian
+from nactuator.control.jacobian_check import world_dxdu
 from nactuator.control.plants import WorldPlant
 from nactuator.control.track import Tracker, read_path, run_tracking
-from nactuator.control.track_run import load_track_config
+from nactuator.control.track_run import load_track_config, plot_runs
 from nactuator.paths import conf_dir
 from nactuator.platforms import load_platform
 from nactuator.sim import Simulator
 
+KEYS = ("rms_mm", "mean_mm", "max_mm", "final_mm", "settling_s", "decide_p50_ms",
+        "decide_p99_ms", "max_rate_hz")
+
+
+def parse_variant(text: str) -> tuple[str, bool, tuple[str, ...]]:
+    """``[PRIOR[,signed]:]q[+effort][+error]`` -> (prior, signed, observation)."""
+    head, _, obs = text.rpartition(":")
+    prior, _, flag = head.partition(",")
+    return prior or "none", flag == "signed", tuple(obs.split("+"))
+
+
+def sign_gains(data: dict, priors: np.ndarray, joints: list[int]) -> str:
+    """Why a linear J explains so little: per payload, least-squares gains on rigid FK's
+    columns (Δx ≈ Σ_j c_j J_FK[:, j] δu_j), one per joint, then one per joint and step
+    sign; the fraction of Δx's variance (about zero) each explains."""
+    lines = ["| payload [g] | R² one gain per joint | gains | R² one per joint and sign | "
+             "gains δu > 0 | gains δu < 0 |", "|---|---|---|---|---|---|"]
+    for g in sorted(set(data["payload_g"])):
+        m = data["payload_g"] == g
+        cols = priors[m][:, :, joints] * data["du"][m][:, None, :]  # (N, 3, k)
+        y = data["dx"][m].reshape(-1)
+        up = data["du"][m][:, None, :] >= 0
+        fits = []
+        for X in (cols, np.concatenate([np.where(up, cols, 0), np.where(up, 0, cols)], -1)):
+            A = X.reshape(len(y), -1)
+            c = np.linalg.lstsq(A, y, rcond=None)[0]
+            fits.append((1 - ((y - A @ c) ** 2).sum() / (y ** 2).sum(), c))
+        k = len(joints)
+        lines.append(f"| {g:.0f} | {fits[0][0]:.2f} | {np.round(fits[0][1], 2).tolist()} | "
+                     f"{fits[1][0]:.2f} | {np.round(fits[1][1][:k], 2).tolist()} | "
+                     f"{np.round(fits[1][1][k:], 2).tolist()} |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict], labels: list[str], payloads: list[float], seeds: list[int]
+            ) -> str:
+    """Per method and payload over the seeds: rms mean (min–max), the means of mean / max /
+    final error, the longest settling, decision p50/p99 (median over seeds), and in how
+    many seeds the field's rms beat rigid FK's at that payload."""
+    out = [f"over seeds {seeds}: rms mean (min–max); mean, max, final: means over seeds",
+           "| method | payload [g] | rms [mm] | mean [mm] | max [mm] | final [mm] | "
+           "settling max [s] | decide p50/p99 [ms] | rms < rigid FK |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for g in payloads:
+        fk = [r["rms_mm"] for r in rows if r["method"] == "kinematic" and r["payload_g"] == g]
+        for label in labels:
+            sel = [r for r in rows if r["method"] == label and r["payload_g"] == g]
+            if not sel:
+                continue
+            v = {k: np.array([r[k] for r in sel], float) for k in KEYS}
+            settle = ("—" if np.isnan(v["settling_s"]).any()
+                      else f"{v['settling_s'].max():.2f}")
+            wins = ("—" if label == "kinematic" or not fk else
+                    f"{int((v['rms_mm'] < fk[0]).sum())}/{len(sel)}")
+            out.append(f"| {label} | {g:.0f} | {v['rms_mm'].mean():.2f} "
+                       f"({v['rms_mm'].min():.2f}–{v['rms_mm'].max():.2f}) | "
+                       f"{v['mean_mm'].mean():.2f} | {v['max_mm'].mean():.2f} | "
+                       f"{v['final_mm'].mean():.2f} | {settle} | "
+                       f"{np.median(v['decide_p50_ms']):.1f}/{np.median(v['decide_p99_ms']):.1f}"
+                       f" | {wins} |")
+    return "\n".join(out)
+
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--poses", type=int, default=96)
+    ap.add_argument("--poses", type=int, default=96, help="per fit payload")
     ap.add_argument("--per-pose", type=int, default=8)
-    ap.add_argument("--fit-payload-g", type=float, default=0.0)
-    ap.add_argument("--payload-g", nargs="+", type=float, default=[0.0, 200.0, 350.0])
+    ap.add_argument("--fit-payload-g", nargs="+", type=float, default=[0.0, 300.0])
+    ap.add_argument("--payload-g", nargs="+", type=float, default=[0.0, 200.0, 400.0])
+    ap.add_argument("--variants", nargs="+", default=["q", "q+effort+error"],
+                    help="[PRIOR[,signed]:]q[+effort][+error] per field, PRIOR one of none, "
+                         "fk, fk_scale")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="collection seeds")
     ap.add_argument("--fit-steps", type=int, default=3000, help="full-batch Adam steps")
+    ap.add_argument("--horizon", type=int, default=None,
+                    help="control steps each perturbation is held (default: conf/track's)")
+    ap.add_argument("--check-poses", type=int, default=0,
+                    help="score every J against the world's own dx/du at this many poses")
     ap.add_argument("--path", default=str(conf_dir() / "track" / "paths" / "so101_circle.csv"),
                     help="target path CSV (time, x, y, z)")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="folder for field.json and field.png")
+    ap.add_argument("--summarise", default=None, metavar="FIELD_JSON",
+                    help="print the summary table of a saved field.json and stop")
     a = ap.parse_args(argv)
+    if a.summarise:
+        saved = json.loads(Path(a.summarise).read_text())
+        labels = list(dict.fromkeys(r["method"] for r in saved["runs"]))
+        payloads = list(dict.fromkeys(r["payload_g"] for r in saved["runs"]))
+        print(summary(saved["runs"], labels, payloads, saved["seeds"]))
+        return
     torch.set_num_threads(1)
     p = load_platform("so101")
     q0, s = load_track_config(p)
     joints = s.joints or [j for j in range(p.n) if j not in p.gripper_indices]
-    t0 = time.perf_counter()
-    data = collect_perturbations(p, q0, joints, a.poses, a.per_pose, s.horizon,
-                                 payload_kg=a.fit_payload_g / 1000)
-    t1 = time.perf_counter()
-    field, fit = fit_field(data, p.n, joints, steps=a.fit_steps)
-    t2 = time.perf_counter()
-    print(f"field: {fit['samples']} perturbations ({t1 - t0:.0f} s in the world), fitted in "
-          f"{t2 - t1:.0f} s; held-out R² {fit['heldout_r2']:.3f}")
+    horizon = a.horizon or s.horizon
     sim = Simulator(p)
     pts = Points.end_effector(sim.kinematics)
     times, path = read_path(a.path)
-    rows = []
-    print("| method | payload [g] | rms [mm] | max [mm] | final [mm] | settling [s] | "
-          "decide p50 [ms] | stop |")
-    print("|---|---|---|---|---|---|---|---|")
+    fits, rows, checks, plotted = [], [], [], []
+
+    def run(label: str, g: float, seed: int | None, field=None) -> None:
+        plant = WorldPlant(p, pts, sim.kinematics, q0, payload_kg=g / 1000)
+        tracker = Tracker("field" if field is not None else "kinematic", p, sim.kinematics,
+                          pts, s, field=field)
+        r = run_tracking(plant, tracker, times, path)
+        m = r.metrics()
+        rows.append({"method": label, "payload_g": g, "seed": seed, **m})
+        if seed in (None, a.seeds[0]):
+            plotted.append((label, g, r))
+        print(f"| {label} | {'—' if seed is None else seed} | {g:.0f} | {m['rms_mm']:.2f} | "
+              f"{m['mean_mm']:.2f} | {m['max_mm']:.2f} | {m['final_mm']:.2f} | "
+              f"{m['settling_s']:.2f} | {m['decide_p50_ms']:.1f}/{m['decide_p99_ms']:.1f} | "
+              f"{m['max_rate_hz']:.0f} | {m['stop']} |", flush=True)
+
+    rng = np.random.default_rng(0)
+    check_poses = [q0] + [q0 + np.where(np.isin(np.arange(p.n), joints),
+                                        rng.uniform(-0.3, 0.3, p.n), 0.0)
+                          for _ in range(a.check_poses - 1)] if a.check_poses else []
+    truth = {(g, i): world_dxdu(p, qc, joints, horizon, g / 1000)
+             for g in a.payload_g for i, qc in enumerate(check_poses)}
+
+    def check(label: str, seed: int | None, jac) -> None:
+        for (g, i), t in truth.items():
+            Jw = t["J"]
+            J = jac(t)[:, joints]
+            checks.append({"method": label, "seed": seed, "payload_g": g, "pose": i,
+                           "rel_error": float(np.linalg.norm(J - Jw) / np.linalg.norm(Jw)),
+                           "gain": float(np.linalg.norm(J) / np.linalg.norm(Jw))})
+
+    check("kinematic", None, lambda t: kinematic_jacobian(sim.kinematics, pts, t["q"])[1])
+    fields = {}
+    for seed in a.seeds:
+        t0 = time.perf_counter()
+        data = collect_perturbations(p, q0, joints, a.poses, a.per_pose, horizon,
+                                     payload_kg=[g / 1000 for g in a.fit_payload_g], seed=seed)
+        t1 = time.perf_counter()
+        priors = fk_priors(sim.kinematics, data["q"])
+        print(f"seed {seed}: rigid FK's columns fitted to the world's Δx per payload\n"
+              + sign_gains(data, priors, joints), flush=True)
+        for v in a.variants:
+            prior, signed, obs = parse_variant(v)
+            t2 = time.perf_counter()
+            field, fit = fit_field(data, p.n, joints, steps=a.fit_steps, seed=seed,
+                                   observation=obs, prior=prior, priors=priors,
+                                   signed=signed)
+            fields[(v, seed)] = field
+            fits.append({"variant": v, "seed": seed, "collect_s": t1 - t0,
+                         "fit_s": time.perf_counter() - t2, **fit})
+            print(f"field {v} seed {seed}: {fit['samples']} perturbations at "
+                  f"{a.fit_payload_g} g ({t1 - t0:.0f} s in the world), fitted in "
+                  f"{time.perf_counter() - t2:.0f} s; held-out R² {fit['heldout_r2']:.3f}",
+                  flush=True)
+
+            def jac(t, field=field):
+                prior_J = kinematic_jacobian(sim.kinematics, pts, t["q"])[1]
+                return field.jacobian(t["q"], p.n, effort=t["effort"], q_cmd=t["q_cmd"],
+                                      prior=prior_J)
+
+            check(f"field {v}", seed, jac)
+    print("| method | seed | payload [g] | rms [mm] | mean [mm] | max [mm] | final [mm] | "
+          "settling [s] | decide p50/p99 [ms] | rate [Hz] | stop |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for g in a.payload_g:
-        for method in ("kinematic", "field"):
-            plant = WorldPlant(p, pts, sim.kinematics, q0, payload_kg=g / 1000)
-            tracker = Tracker(method, p, sim.kinematics, pts, s, field=field)
-            m = run_tracking(plant, tracker, times, path).metrics()
-            rows.append({"method": method, "payload_g": g, **m})
-            print(f"| {method} | {g:.0f} | {m['rms_mm']:.2f} | {m['max_mm']:.2f} | "
-                  f"{m['final_mm']:.2f} | {m['settling_s']:.2f} | {m['decide_p50_ms']:.1f} | "
-                  f"{m['stop']} |")
+        run("kinematic", g, None)
+        for (v, seed), field in fields.items():
+            run(f"field {v}", g, seed, field)
+    labels = ["kinematic"] + [f"field {v}" for v in a.variants]
+    print()
+    print(summary(rows, labels, a.payload_g, a.seeds))
+    if checks:
+        print(f"\n||J − J_world|| / ||J_world|| at {a.check_poses} poses (mean over poses and "
+              "seeds; ||J|| / ||J_world|| in brackets)")
+        print("| method | " + " | ".join(f"{g:.0f} g" for g in a.payload_g) + " |")
+        print("|---|" + "---|" * len(a.payload_g))
+        for label in labels:
+            cells = []
+            for g in a.payload_g:
+                sel = [c for c in checks if c["method"] == label and c["payload_g"] == g]
+                cells.append(f"{np.mean([c['rel_error'] for c in sel]):.2f} "
+                             f"({np.mean([c['gain'] for c in sel]):.2f})")
+            print(f"| {label} | " + " | ".join(cells) + " |")
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "field.json").write_text(json.dumps({"fit": fit, "runs": rows}, indent=1))
+        (Path(a.out) / "field.json").write_text(json.dumps(
+            {"fit_payload_g": a.fit_payload_g, "seeds": a.seeds, "horizon": horizon,
+             "fits": fits,
+             "runs": [{k: r[k] for k in ("method", "payload_g", "seed", "stop", *KEYS)}
+                      for r in rows], "jacobian_check": checks}, indent=1))
+        plot_runs(plotted, Path(a.out) / "field.png")
 
 
 if __name__ == "__main__":

@@ -25,19 +25,39 @@ def test_bench_field_runs_field_and_rigid_fk(tmp_path, capsys):
     short = tmp_path / "circle_1s.csv"
     short.write_text("\n".join(lines[:22]) + "\n")
     bench_main("field")(["--poses", "2", "--per-pose", "3", "--fit-steps", "20",
-                         "--payload-g", "200", "--path", str(short), "--out", str(tmp_path)])
+                         "--fit-payload-g", "0", "300", "--payload-g", "200",
+                         "--variants", "q", "fk:q+effort+error", "--check-poses", "1",
+                         "--path", str(short), "--out", str(tmp_path)])
     out = capsys.readouterr().out
-    assert "field: 6 perturbations" in out, out
-    rows = table_rows(out, "kinematic") + table_rows(out, "field")
-    assert [(r[0], r[1]) for r in rows] == [("kinematic", "200"), ("field", "200")], out
-    assert all(math.isfinite(number(c)) for r in rows for c in r[2:5]), out  # rms, max, final
+    assert "field q seed 0: 12 perturbations at [0.0, 300.0] g" in out, out
+    gains = [r for r in table_rows(out, "") if r[0] in ("0", "300") and len(r) == 6]
+    assert [r[0] for r in gains] == ["0", "300"], out  # FK gains per payload, both fits
+    assert all(float(r[3]) >= float(r[1]) - 1e-9 for r in gains)  # signs only add freedom
+    labels = ["kinematic", "field q", "field fk:q+effort+error"]
+    rows = [r for label in labels for r in table_rows(out, label) if len(r) == 11]
+    assert [(r[0], r[2]) for r in rows] == [(label, "200") for label in labels], out
+    assert all(math.isfinite(number(c)) for r in rows for c in r[3:7]), out  # rms..final
     saved = json.loads((tmp_path / "field.json").read_text())
-    assert saved["fit"]["samples"] == 6 and math.isfinite(saved["fit"]["heldout_mse"])
-    assert [(r["method"], r["payload_g"]) for r in saved["runs"]] == [("kinematic", 200.0),
-                                                                      ("field", 200.0)]
+    assert [f["samples"] for f in saved["fits"]] == [12, 12]
+    assert all(math.isfinite(f["heldout_mse"]) for f in saved["fits"])
+    assert [(r["method"], r["payload_g"]) for r in saved["runs"]] == [(label, 200.0)
+                                                                      for label in labels]
     for printed, run in zip(rows, saved["runs"], strict=True):
-        assert number(printed[2]) == pytest.approx(run["rms_mm"], abs=0.006)
+        assert number(printed[3]) == pytest.approx(run["rms_mm"], abs=0.006)
         assert run["stop"] == printed[-1] and run["max_mm"] >= run["rms_mm"] > 0
+    # Every Jacobian scored against the world's own dx/du at the one check pose.
+    assert sorted(c["method"] for c in saved["jacobian_check"]) == sorted(labels)
+    assert all(c["rel_error"] >= 0 for c in saved["jacobian_check"])
+    assert (tmp_path / "field.png").stat().st_size > 0
+    # The seed summary read back from the JSON: rms per method against rigid FK's.
+    bench_main("field")(["--summarise", str(tmp_path / "field.json")])
+    summary = capsys.readouterr().out
+    for label in labels:
+        (row,) = [r for r in table_rows(summary, label) if r[0] == label]
+        rms = [r["rms_mm"] for r in saved["runs"] if r["method"] == label][0]
+        assert row[2] == f"{rms:.2f} ({rms:.2f}–{rms:.2f})", row
+        fk = saved["runs"][0]["rms_mm"]
+        assert row[-1] == ("—" if label == "kinematic" else f"{int(rms < fk)}/1"), row
 
 
 def test_bench_jacobian_scores_kinematic_and_model(tmp_path, capsys):

@@ -439,10 +439,11 @@ def _field_fit(a: argparse.Namespace) -> int:
 
     info = fit_field_file(a.out, platform=a.platform, poses=a.poses, per_pose=a.per_pose,
                           payload_g=a.payload_g, steps=a.steps, noise=a.track_noise,
-                          config=a.config, world=a.world, seed=a.seed)
-    print(f"field: {info['samples']} perturbations ({info['collect_s']:.0f} s in the world), "
-          f"fitted in {info['fit_s']:.0f} s; held-out R² {info['heldout_r2']:.3f}; "
-          f"wrote {a.out}")
+                          config=a.config, world=a.world, seed=a.seed,
+                          observation=a.observation, prior=a.prior, signed=a.signed)
+    print(f"field: {info['samples']} perturbations at {info['payload_g']} g "
+          f"({info['collect_s']:.0f} s in the world), fitted in {info['fit_s']:.0f} s; "
+          f"held-out R² {info['heldout_r2']:.3f}; wrote {a.out}")
     return 0
 
 
@@ -1155,24 +1156,40 @@ def build_parser() -> argparse.ArgumentParser:
                    help="synthetic worlds generated side by side")
     s.set_defaults(func=_pretrain, passthrough=True)  # after `--`: more `train` arguments
 
-    fld = sub.add_parser("field", help="a learned Jacobian field J(q) of the end-effector, "
+    fld = sub.add_parser("field", help="a learned Jacobian field J(obs) of the end-effector, "
                          "fitted to the hidden world's point tracks (for track --method field)")
     fsub = fld.add_subparsers(dest="field_command", required=True, metavar="ACTION")
     s = fsub.add_parser("fit", help="random command perturbations around the track config's "
                         "start pose in the hidden world, then fit and save the field")
     s.add_argument("--platform", default="so101", help=PLATFORM_HELP)
     s.add_argument("--out", required=True, help="the field file to write (.pt)")
-    s.add_argument("--poses", type=_positive_int, default=96,
-                   help="random poses within ±0.3 rad of the start pose")
-    s.add_argument("--per-pose", type=_positive_int, default=8,
-                   help="perturbations per pose (±0.04 rad, held the config's horizon)")
-    s.add_argument("--payload-g", type=float, default=0.0,
-                   help="payload hung at the end-effector while collecting [g]")
+    s.add_argument("--poses", type=_positive_int, default=None,
+                   help="random poses within ±0.3 rad of the start pose, per payload "
+                        "(default: the config's field.poses)")
+    s.add_argument("--per-pose", type=_positive_int, default=None,
+                   help="perturbations per pose (±0.04 rad, held the config's horizon; "
+                        "default: the config's field.per_pose)")
+    s.add_argument("--payload-g", type=float, nargs="+", default=None,
+                   help="payload(s) hung at the end-effector while collecting, one block "
+                        "of poses each, one dataset [g] (default: the config's "
+                        "field.payloads_g)")
+    s.add_argument("--observation", nargs="+", default=None, choices=["q", "effort", "error"],
+                   help="what the field reads: q (always, first), effort (the servos' "
+                        "load telemetry), error (command − joints) (default: the config's "
+                        "field.observation)")
+    s.add_argument("--prior", default=None, choices=["none", "fk", "fk_scale"],
+                   help="fk: learn only a correction to rigid FK, J_FK(q) + ΔJ(obs); "
+                        "fk_scale: FK's columns each scaled within 1 ± 0.5 (default: the "
+                        "config's field.prior)")
+    s.add_argument("--signed", default=None, action=argparse.BooleanOptionalAction,
+                   help="one set of columns for a command step up and one for a step down "
+                        "(default: the config's field.signed)")
     s.add_argument("--steps", type=_positive_int, default=3000, help="Adam steps of the fit")
     s.add_argument("--track-noise", type=float, default=0.0005,
                    help="std of the noise on the observed point track [m]")
     s.add_argument("--config", default=None,
-                   help="start pose and horizon (default conf/track/<platform>)")
+                   help="start pose, horizon and field defaults (default "
+                        "conf/track/<platform>)")
     s.add_argument("--world", default=None, help="world YAML (default conf/world/<platform>)")
     s.add_argument("--seed", type=int, default=0, help="the hidden world's and the fit's seed")
     s.set_defaults(func=_field_fit)

@@ -36,7 +36,8 @@ def world_dxdu(platform: Platform, q0: np.ndarray, joints: list[int], horizon: i
                payload_kg: float = 0.0, delta: float = 0.03, world: str | None = None,
                seed: int = 0, history: int = 8) -> dict[str, np.ndarray]:
     """The world's dx/du (3, len(joints)) over ``horizon`` steps at rest at ``q0``, and the
-    settled state and history window (what the model is linearised at)."""
+    settled state (joints, effort, command) and history window (what the model is
+    linearised at)."""
     n = platform.n
     arms = 1 + 2 * len(joints)
     w = _settled_world(platform, q0, arms, payload_kg, world, seed)
@@ -59,8 +60,9 @@ def world_dxdu(platform: Platform, q0: np.ndarray, joints: list[int], horizon: i
         w.telemetry()
     x = w.ee_position()
     J = np.stack([(x[1 + 2 * k] - x[2 + 2 * k]) / (2 * delta) for k in range(len(joints))], 1)
-    return {"J": J, "q": tel["q"][0], "qd": tel["qd"][0],
-            "history": {k: np.array(v) for k, v in hist.items()}}
+    # effort and q_cmd: what a Jacobian field that sees the load reads at this state.
+    return {"J": J, "q": tel["q"][0], "qd": tel["qd"][0], "effort": tel["effort"][0],
+            "q_cmd": np.asarray(q0, float), "history": {k: np.array(v) for k, v in hist.items()}}
 
 
 def jacobian_errors(platform: Platform, sim, poses: np.ndarray, horizon: int,

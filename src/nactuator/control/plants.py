@@ -25,12 +25,15 @@ __all__ = ["BusPlant", "Observation", "WorldPlant"]
 
 
 class Observation:
-    """One read: joints, time, and the tracked points (m, 3) as the controller sees them
-    (``x``) and as the judge does (``x_true``). A bus computes ``x`` by FK only when asked
-    (a decision cycle), so the cycles between stay inside their 16 ms slot."""
+    """One read: joints, time, the servos' effort signal (the platform's: Present_Load on
+    the STS3215; what a recording's ``effort`` holds), and the tracked points (m, 3) as the
+    controller sees them (``x``) and as the judge does (``x_true``). A bus computes ``x`` by
+    FK only when asked (a decision cycle), so the cycles between stay inside their 16 ms
+    slot."""
 
-    def __init__(self, q: np.ndarray, qd: np.ndarray, x, x_true, t: float) -> None:
-        self.q, self.qd, self.t = q, qd, t
+    def __init__(self, q: np.ndarray, qd: np.ndarray, x, x_true, t: float,
+                 effort: np.ndarray | None = None) -> None:
+        self.q, self.qd, self.t, self.effort = q, qd, t, effort
         self._x, self._x_true = x, x_true
 
     @property
@@ -87,7 +90,8 @@ class WorldPlant:
         tel = self.world.telemetry()
         truth = self._truth()
         seen = truth + self.track_noise * self.rng.standard_normal(truth.shape)
-        return Observation(tel["q"][0], tel["qd"][0], seen, truth, self.world.time - self.t0)
+        return Observation(tel["q"][0], tel["qd"][0], seen, truth, self.world.time - self.t0,
+                           effort=tel["effort"][0])
 
     def write(self, u: np.ndarray) -> None:
         self.world.set_goal(u)
@@ -123,7 +127,7 @@ class BusPlant:
         import torch
 
         frame = self.bus.read()
-        q_now, qd_now = frame.q.copy(), frame.qd.copy()
+        q_now, qd_now, eff_now = frame.q.copy(), frame.qd.copy(), frame.effort.copy()
         if frame.valid.all():
             self.missed = 0
         else:
@@ -136,15 +140,16 @@ class BusPlant:
                                 "than steer blind (torque goes off)")
             q_now = np.where(frame.valid, q_now, self._last[0])
             qd_now = np.where(frame.valid, qd_now, self._last[1])
+            eff_now = np.where(frame.valid, eff_now, self._last[2])
             self.incomplete += 1
-        self._last = (q_now, qd_now)
+        self._last = (q_now, qd_now, eff_now)
 
         def fk() -> np.ndarray:
             q = torch.tensor(q_now[None], dtype=torch.float64)
             return self.points.positions(self.kin, q)[0].numpy()
 
         truth = None if self.truth is None else np.asarray(self.truth(), np.float64)
-        return Observation(q_now, qd_now, fk, truth, frame.t - self.t0)
+        return Observation(q_now, qd_now, fk, truth, frame.t - self.t0, effort=eff_now)
 
     def write(self, u: np.ndarray) -> None:
         self.bus.write_goal(u)

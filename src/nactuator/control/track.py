@@ -23,8 +23,10 @@ Three Jacobians (:mod:`nactuator.control.jacobian`, :mod:`nactuator.control.fiel
   model's predicted displacement: lag and momentum included, but a model that predicts
   motion where the arm holds then leaves that much steady-state error).
 
-* ``field``: a Jacobian field J_θ(q) fitted to the world's point tracks under random
-  command perturbations (the seed's self-supervised recipe); ``x̂`` = the observed point.
+* ``field``: a Jacobian field J_θ(obs) fitted to the world's point tracks under random
+  command perturbations (the seed's self-supervised recipe); the observation is the
+  measured joints and, as the field file says, the servos' effort and ``u − q``;
+  ``x̂`` = the observed point.
 
 In the image (:mod:`.image`, ``--camera`` with a pixel path ``time, u, v``): ``e`` is the
 target pixel minus the camera's projection of ``x̂``, and each method's J becomes
@@ -206,11 +208,18 @@ class Tracker:
         time: (m, 3) points [m], or (m, 2) pixels with an image view. Returns it and what
         the tick did (for the log)."""
         t0 = time.perf_counter()
+        pair = None  # a signed field's (up, down) columns
         if self.method == "kinematic":
             x_at, J = kinematic_jacobian(self.kin, self.points, obs.q)
             x_hat = obs.x
-        elif self.method == "field":  # learned J_θ(q) (control.field)
-            J, x_hat = self.field.jacobian(obs.q, len(u)), obs.x
+        elif self.method == "field":  # learned J_θ(obs) (control.field)
+            # The observation a field may read: joints, the servos' effort, and the lag
+            # behind the command now held (u − q); a residual field adds rigid FK at q.
+            prior = (kinematic_jacobian(self.kin, self.points, obs.q)[1]
+                     if self.field.prior != "none" else None)
+            both = self.field.jacobians(obs.q, len(u), effort=obs.effort, q_cmd=u, prior=prior)
+            J, x_hat = both.mean(0), obs.x
+            pair = list(both) if self.field.signed else None
             x_at = x_hat
         else:
             hist = {k: np.array(v) for k, v in self.history.items()} if self.history["q"] \
@@ -227,6 +236,8 @@ class Tracker:
             # d(pixel)/du = d(project)/dx at the point J was taken at · dx/du (chain rule);
             # the error is the target pixel minus the pixel of the observed point.
             J = self.image.image_jacobian(x_at, J)[1]
+            if pair is not None:
+                pair = [self.image.image_jacobian(x_at, Jp)[1] for Jp in pair]
             x_hat = self.image.project(x_hat)
         e = (np.asarray(target) - x_hat).reshape(-1)
         info = {"err_pred": float(np.linalg.norm(e))}
@@ -234,6 +245,18 @@ class Tracker:
         Jc = J[:, self.joints]
         if np.linalg.norm(e) >= self.dead_zone:
             du[self.joints] = self.s.gain * dls_step(Jc, e, self.damping)
+            if pair is not None:
+                # A signed field answers a step up and a step down with different columns:
+                # take each joint's column for the sign of its step and solve again, until
+                # the signs hold (a few rounds; the last one's step is kept).
+                up, down = pair[0][:, self.joints], pair[1][:, self.joints]
+                for _ in range(3):
+                    Jc = np.where(du[self.joints] >= 0, up, down)
+                    new_du = self.s.gain * dls_step(Jc, e, self.damping)
+                    settled = np.array_equal(new_du >= 0, du[self.joints] >= 0)
+                    du[self.joints] = new_du
+                    if settled:
+                        break
         if self.s.null_gain > 0 and self.home is not None:
             # Redundancy (5 joints, 3 coordinates, or 2 in the image): drift toward the start
             # pose only where it does not move the point (I − J⁺J), so the posture cannot

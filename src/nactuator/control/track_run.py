@@ -49,7 +49,9 @@ from .track import (
     run_tracking,
 )
 
-__all__ = ["circle_path", "fit_field_file", "load_track_config", "read_target_path", "track"]
+__all__ = ["circle_path", "fit_field_file", "load_field_config", "load_track_config",
+           "plot_runs", "read_target_path",
+           "track"]
 
 
 def load_track_config(platform: Platform, path: str | os.PathLike | None = None
@@ -117,14 +119,28 @@ def _save_log(path: Path, r: TrackResult, names: list[str]) -> None:
         pd.DataFrame(cols).to_csv(tmp, index=False, float_format="%.6f")
 
 
-def _plot(runs: list[tuple[str, float, TrackResult]], path: Path) -> Path:
+def _colors(runs: list[tuple[str, float, TrackResult]]) -> dict[str, str]:
+    """The methods' fixed colours; any other label (bench/field.py's field variants) the
+    next free one of the default cycle, in order of appearance."""
+    colors = {"kinematic": "tab:orange", "actuator": "tab:blue", "field": "tab:green"}
+    spare = (c for c in ("tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+                         "tab:cyan", "tab:gray") if c not in colors.values())
+    for method, _, _ in runs:
+        if method not in colors:
+            colors[method] = next(spare, "black")
+    return colors
+
+
+def plot_runs(runs: list[tuple[str, float, TrackResult]], path: Path) -> Path:
+    """Target vs tracked (x–z) and the world's error over time, one column per payload;
+    ``runs`` are (label, payload [g], result)."""
     from matplotlib.figure import Figure
 
     runs = [run for run in runs if run[2].space == "base"]
     payloads = sorted({g for _, g, _ in runs})
     fig = Figure(figsize=(4.2 * len(payloads), 7.4))
     axes = fig.subplots(2, len(payloads), squeeze=False)
-    colors = {"kinematic": "tab:orange", "actuator": "tab:blue", "field": "tab:green"}
+    colors = _colors(runs)
     for col, g in enumerate(payloads):
         top, bottom = axes[0, col], axes[1, col]
         first = True
@@ -322,7 +338,7 @@ def track(path: str | os.PathLike, ckpt: str | os.PathLike | None = None,
         for m, g, r in runs:
             _save_log(out / f"{m}_{g:.0f}g.csv", r, p.channel_names)
         if space == "base":
-            report["plot"] = _plot(runs, out / "track.png").name
+            report["plot"] = plot_runs(runs, out / "track.png").name
         if view is not None:
             report["plot_px"] = _plot_pixels(runs, view, out / "track_px.png").name
             if space == "base":
@@ -345,34 +361,67 @@ def _start_offset(plant, relative: bool, path_points: np.ndarray,
     return (x[0] if image is None else image.project(x)[0]) - path_points[0]
 
 
+def load_field_config(platform: Platform, path: str | os.PathLike | None = None) -> dict:
+    """The ``field:`` section of the track config (``nactuator field fit``'s defaults):
+    ``payloads_g``, ``observation``, ``prior``, ``signed``, ``poses``, ``per_pose``; those it
+    leaves out are the joints-only recipe's (one payload, 0 g)."""
+    path = Path(path) if path else conf_dir() / "track" / f"{platform.name}.yaml"
+    cfg = (yaml.safe_load(path.read_text()) or {}).get("field", {}) if path.is_file() else {}
+    defaults = {"payloads_g": [0.0], "observation": ["q"], "prior": "none", "signed": False,
+                "poses": 96, "per_pose": 8}
+    extra = sorted(set(cfg) - set(defaults))
+    if extra:
+        raise UserError(f"{path}: unknown field settings {extra}; known: {sorted(defaults)}")
+    return {**defaults, **cfg}
+
+
 def fit_field_file(out: str | os.PathLike, platform: str | Platform = "so101",
-                   poses: int = 96, per_pose: int = 8, payload_g: float = 0.0,
-                   steps: int = 3000, noise: float = 0.0005,
-                   config: str | os.PathLike | None = None, world: str | None = None,
-                   seed: int = 0, threads: int = 1) -> dict:
-    """``nactuator field fit``: collect ``poses × per_pose`` perturbations in the hidden
-    world around the track config's start pose (its joints and horizon), fit the field,
-    save it to ``out``; returns what was saved as ``info``."""
+                   poses: int | None = None, per_pose: int | None = None,
+                   payload_g: float | list[float] | None = None, steps: int = 3000,
+                   noise: float = 0.0005, config: str | os.PathLike | None = None,
+                   world: str | None = None, seed: int = 0, threads: int = 1,
+                   observation: list[str] | None = None, prior: str | None = None,
+                   signed: bool | None = None) -> dict:
+    """``nactuator field fit``: collect ``poses × per_pose`` perturbations per payload in
+    the hidden world around the track config's start pose (its joints and horizon), fit the
+    field on the observation, save it to ``out``; returns what was saved as ``info``.
+    Arguments left None come from the config's ``field:`` section (:func:`load_field_config`)."""
     import time
 
     import torch
 
-    from .field import collect_perturbations, fit_field, save_field
+    from .field import collect_perturbations, fit_field, fk_priors, save_field
 
     torch.set_num_threads(threads)
     p = platform if isinstance(platform, Platform) else load_platform(platform)
     q0, s = load_track_config(p, config)
+    fc = load_field_config(p, config)
+    poses = fc["poses"] if poses is None else poses
+    per_pose = fc["per_pose"] if per_pose is None else per_pose
+    payloads = [float(g) for g in np.atleast_1d(fc["payloads_g"] if payload_g is None
+                                                 else payload_g)]
+    observation = list(fc["observation"] if observation is None else observation)
+    prior = fc["prior"] if prior is None else prior
+    signed = bool(fc["signed"] if signed is None else signed)
     joints = s.joints or [j for j in range(p.n) if j not in p.gripper_indices]
     if poses < 2 or per_pose < 1:
         raise UserError(f"--poses {poses} / --per-pose {per_pose}: need ≥ 2 poses and ≥ 1 "
                         "perturbation per pose (a hold-out needs samples)")
     t0 = time.perf_counter()
     data = collect_perturbations(p, q0, joints, poses, per_pose, s.horizon, noise=noise,
-                                 payload_kg=payload_g / 1000.0, world=world, seed=seed)
+                                 payload_kg=[g / 1000.0 for g in payloads], world=world,
+                                 seed=seed)
     t1 = time.perf_counter()
-    learned, fit = fit_field(data, p.n, joints, steps=steps, seed=seed)
+    priors = None
+    if prior != "none":
+        from nactuator.sim import Simulator
+
+        priors = fk_priors(Simulator(p).kinematics, data["q"])
+    learned, fit = fit_field(data, p.n, joints, steps=steps, seed=seed,
+                             observation=observation, prior=prior, priors=priors,
+                             signed=signed)
     info = {**fit, "poses": poses, "per_pose": per_pose, "horizon": s.horizon,
-            "track_noise_m": noise, "payload_g": payload_g, "world": world or "default",
+            "track_noise_m": noise, "payload_g": payloads, "world": world or "default",
             "seed": seed, "collect_s": t1 - t0, "fit_s": time.perf_counter() - t1,
             "start_pose": q0.tolist()}
     save_field(out, learned, p.name, info)
