@@ -28,15 +28,14 @@ from nactuator.contact import (
     model_sha256,
 )
 from nactuator.data import Episode
-from nactuator.data.episodes import dataset_paths, filter_episode
+from nactuator.data.episodes import dataset_paths
 from nactuator.eval.episodes import (
     EvalDataError,
     is_no_contact,
-    load_episodes,
+    load_filtered,
     predict_episodes,
 )
-from nactuator.models import load_model
-from nactuator.platforms import Platform, load_platform
+from nactuator.platforms import Platform
 from nactuator.sim.dynamics import ArmDynamics
 
 __all__ = ["calibrate_contact", "contact_columns", "model_sha256", "residuals"]
@@ -55,13 +54,7 @@ def residuals(platform: Platform, episodes: Sequence[Episode],
 
 
 def _predict(ckpt, data, split):
-    actuator, meta = load_model(ckpt)
-    platform = load_platform(meta["platform"])
-    episodes = load_episodes(data, platform, split)
-    if not episodes:
-        where = ", ".join(str(p) for p in dataset_paths(data))
-        raise EvalDataError(f"{where}: no episodes in split {split!r}")
-    episodes = [filter_episode(ep, meta["input_filters"]) for ep in episodes]
+    actuator, _, platform, episodes = load_filtered(ckpt, data, split)
     return platform, episodes, predict_episodes(actuator, episodes)
 
 

@@ -19,7 +19,7 @@ from nactuator.data import Episode
 from nactuator.data.episodes import load_split
 from nactuator.data.references import force_labels
 from nactuator.errors import UserError
-from nactuator.platforms import Platform
+from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import causal_outputs
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "force_labels",
     "is_no_contact",
     "load_episodes",
+    "load_filtered",
     "load_with_sources",
     "predict_episodes",
 ]
@@ -122,3 +123,20 @@ def predict_episodes(actuator, episodes: Sequence[Episode],
     """
     check_inputs(episodes, list(actuator.inputs))
     return causal_outputs(actuator, [ep.frames for ep in episodes], batch_size)
+
+
+def load_filtered(ckpt, data, split: str | None):
+    """The model of ``ckpt`` (checkpoint, bundle or exported file), its metadata and
+    platform, and ``split`` of ``data`` through the model's causal input filters, as
+    training and ``live`` see them: what ``infer`` and the contact calibration run on."""
+    from nactuator.data.episodes import dataset_paths, filter_episode
+    from nactuator.models import load_model
+
+    actuator, meta = load_model(ckpt)
+    platform = load_platform(meta["platform"])
+    episodes = load_episodes(data, platform, split)
+    if not episodes:
+        where = ", ".join(str(p) for p in dataset_paths(data))
+        raise EvalDataError(f"{where}: no episodes in split {split!r}")
+    episodes = [filter_episode(ep, meta["input_filters"]) for ep in episodes]
+    return actuator, meta, platform, episodes

@@ -19,18 +19,15 @@ import pandas as pd
 import torch
 
 from nactuator.atomic import atomic_path
-from nactuator.data.episodes import dataset_paths, filter_episode
+from nactuator.data.episodes import dataset_paths
 from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
     BATCH_SIZE,
-    EvalDataError,
     force_labels,
     is_no_contact,
-    load_episodes,
+    load_filtered,
     predict_episodes,
 )
-from nactuator.models import load_model
-from nactuator.platforms import load_platform
 
 __all__ = ["BATCH_SIZE", "infer", "predict_episodes"]
 
@@ -65,14 +62,7 @@ def infer(ckpt: str | os.PathLike, data, split: str | None = None,
         from nactuator.contact import ContactCalibration
 
         ContactCalibration.load(contact)
-    actuator, meta = load_model(ckpt)  # a checkpoint, bundle or exported .pt/.onnx
-    platform = load_platform(meta["platform"])
-    episodes = load_episodes(data, platform, split)
-    if not episodes:
-        where = ", ".join(str(p) for p in dataset_paths(data))
-        raise EvalDataError(f"{where}: no episodes in split {split!r}")
-    # The inputs as in training and live: the checkpoint's causal input filters.
-    episodes = [filter_episode(ep, meta["input_filters"]) for ep in episodes]
+    actuator, meta, platform, episodes = load_filtered(ckpt, data, split)
     t1 = time.perf_counter()
     preds = predict_episodes(actuator, episodes)
     model_s = time.perf_counter() - t1
