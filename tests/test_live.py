@@ -22,14 +22,16 @@ STATS_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
 def untrained_bundle(path, platform: str, n: int, extra: dict | None = None,
                      pooled: bool = False) -> str:
     """An untrained bundle (the paper's transformer size); ``pooled`` adds the feature group
-    of the input filters' pooled statistics (the spec in ``extra`` must then pool)."""
+    of the input filters' pooled statistics and the condition head on them (the spec in
+    ``extra`` must then pool)."""
     stats = {k: {"mean": [0.0] * n, "std": [1.0] * n}
              for k in (*STATS_KEYS, *(POOLED_KEYS if pooled else ()))}
     stats["voltage"] = {"mean": [12.0] * n, "std": [0.3] * n}
     stats["temperature"] = {"mean": [30.0] * n, "std": [5.0] * n}
     features = ["command", "state", "telemetry", "error", *(["pooled"] if pooled else [])]
-    actuator = NeuralActuator(features, n_motors=n, norm_stats=stats,
-                              model_config={"arch": "transformer"})
+    config = {"arch": "transformer",
+              **({"condition_head": {"kind": "pooled", "hidden": 8}} if pooled else {})}
+    actuator = NeuralActuator(features, n_motors=n, norm_stats=stats, model_config=config)
     save_bundle(bundle_to_dict(actuator, platform, extra), path)
     return str(path)
 

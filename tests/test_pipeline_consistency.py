@@ -63,12 +63,13 @@ def so101(nad_dir, tmp_path_factory, request):
                        batch_size=4, seed=0, pool_frames=request.param)
     dm.setup("fit")
     torch.manual_seed(0)
-    features = ["command", "state", "telemetry", "error"]
-    if request.param:
+    features, config = ["command", "state", "telemetry", "error"], dict(TINY)
+    if request.param:  # conf/train/pooled_condition.yaml: the channels and their head
         features.append("pooled")
+        config["condition_head"] = {"kind": "pooled", "hidden": 8}
         assert set(POOLED_KEYS) <= set(dm.norm_stats)
     actuator = NeuralActuator(features, n_motors=6, norm_stats=dm.norm_stats,
-                              model_config=TINY).eval()
+                              model_config=config).eval()
     # As `eval` and `infer` load it: the command channels derived, nothing filtered yet.
     episodes = {ep.index: ep for ep in load_episodes(root / "dropped", platform, None)}
     return dm, actuator, episodes

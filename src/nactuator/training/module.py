@@ -115,6 +115,9 @@ class NeuralActuatorModule(L.LightningModule):
             one-step loss on the recorded windows (``loss.w_next``; no simulator), and in
             validation / ``eval`` the model replaces the simulator step of the open-loop
             rollout from frame 0.
+        condition_head: ``{kind: pooled, hidden: H}``: the condition score from each motor's
+            pooled statistics alone (feature group ``pooled``, ``data.pool_frames``;
+            ``models.heads.PooledConditionHead``); None (default): the network's head.
     """
 
     def __init__(
@@ -144,6 +147,7 @@ class NeuralActuatorModule(L.LightningModule):
         physics_lr: float | None = None,
         uncertainty: bool = False,
         dynamics: str = "torque",
+        condition_head: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.platform: Platform = load_platform(platform)
@@ -155,6 +159,8 @@ class NeuralActuatorModule(L.LightningModule):
         self.model_config = resolve_model_config(arch, window_length, width, depth, model_sizes)
         if uncertainty:
             self.model_config["uncertainty"] = True
+        if condition_head is not None:  # checked when the actuator is built
+            self.model_config["condition_head"] = dict(condition_head)
         self.model_config.update(dynamics_config(dynamics, arch, self.model_config))
         self.model_config.update(firmware_config(self.platform, self.features,
                                                  self.model_config))
