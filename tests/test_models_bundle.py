@@ -184,3 +184,25 @@ def test_the_pooled_condition_head_reads_only_each_motors_current_statistics(tmp
     with pytest.raises(ValueError, match="feature group 'pooled'"):
         NeuralActuator(plain.features, 5, make_stats(),
                        {"arch": arch, "condition_head": {"kind": "pooled"}})
+
+
+def test_the_pooled_condition_head_trains_at_its_own_learning_rate():
+    """``model.condition_head`` + ``model.condition_lr`` (conf/train/pooled_condition.yaml):
+    the head's parameters form their own optimiser group at condition_lr, everything else
+    stays at lr, and every parameter is in exactly one group."""
+    from nactuator.input_filters import POOLED_KEYS
+    from nactuator.training.module import NeuralActuatorModule
+
+    module = NeuralActuatorModule(
+        platform="omx", arch="mlp", width=16, depth=1, lr=1e-3, lr_total_steps=10,
+        features=["command", "state", "telemetry", "error", "pooled"],
+        condition_head={"kind": "pooled", "hidden": 8}, condition_lr=3e-2)
+    module.build_actuator({**make_stats(), **{k: {"mean": [0.0] * 5, "std": [1.0] * 5}
+                                              for k in POOLED_KEYS}})
+    groups = module.configure_optimizers()["optimizer"].param_groups
+    assert [g["name"] for g in groups] == ["all", "condition"]
+    assert [g["initial_lr"] for g in groups] == pytest.approx([1e-3, 3e-2])
+    assert {id(p) for p in groups[1]["params"]} == {
+        id(p) for p in module.actuator.condition_head.parameters()}
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert len(ids) == len(set(ids)) == len(list(module.actuator.parameters()))

@@ -118,6 +118,7 @@ class NeuralActuatorModule(L.LightningModule):
         condition_head: ``{kind: pooled, hidden: H}``: the condition score from each motor's
             pooled statistics alone (feature group ``pooled``, ``data.pool_frames``;
             ``models.heads.PooledConditionHead``); None (default): the network's head.
+        condition_lr: learning rate of that pooled condition head (default ``lr``).
     """
 
     def __init__(
@@ -148,6 +149,7 @@ class NeuralActuatorModule(L.LightningModule):
         uncertainty: bool = False,
         dynamics: str = "torque",
         condition_head: dict[str, Any] | None = None,
+        condition_lr: float | None = None,
     ) -> None:
         super().__init__()
         self.platform: Platform = load_platform(platform)
@@ -175,6 +177,8 @@ class NeuralActuatorModule(L.LightningModule):
                              f"{backbone_lr_scale!r}")
         if physics_lr is not None and not physics_lr > 0:
             raise ValueError(f"physics_lr must be > 0 (or None: lr), got {physics_lr!r}")
+        if condition_lr is not None and not condition_lr > 0:
+            raise ValueError(f"condition_lr must be > 0 (or None: lr), got {condition_lr!r}")
         if min(init_noise_q, init_noise_qd, state_noise_q, state_noise_qd) < 0:
             raise ValueError(
                 f"state noise must be >= 0, got init q {init_noise_q}, qd {init_noise_qd}, "
@@ -402,7 +406,7 @@ class NeuralActuatorModule(L.LightningModule):
         """AdamW parameter groups (:func:`nactuator.training.finetune.parameter_groups`)."""
         hp = self.hparams
         return parameter_groups(self.actuator, hp.lr, hp.get("backbone_lr_scale", 1.0),
-                                hp.get("physics_lr"))
+                                hp.get("physics_lr"), hp.get("condition_lr"))
 
     def configure_optimizers(self) -> dict:
         hp = self.hparams
