@@ -9,8 +9,13 @@ inference + command write. Baseline, same run: the bare vendor SDK group read of
 telemetry block (what the read costs without our layer). ``--fps`` paces the loop faster
 than the platform's rate, to measure the rate a model sustains.
 
-    .venv/bin/python bench/live.py [--seconds 5] [--rrd]
+    .venv/bin/python bench/live.py [--seconds 5] [--rrd] [--pool 64]
     .venv/bin/python bench/live.py --model runs/so101/actuator-int8.onnx --fps 120
+
+``--pool N``: every case runs twice, the untrained model without and with the input
+filters' pooled statistics over N frames (the feature group ``pooled``,
+``conf/train/pooled_condition.yaml``): what pooling costs a live cycle, in the same run.
+A ``--model`` runs with its own input filters (its bundle's spec).
 
 ``--rrd``: each case runs twice more, without and with a Rerun recording to a file (what
 ``nactuator live --rrd FILE`` does), and a second table gives the rate, cycle time, jitter
@@ -43,7 +48,7 @@ import torch
 
 from nactuator.control.live import LiveLoop, summarize_timings
 from nactuator.hardware.open import open_bus
-from nactuator.input_filters import input_filter_spec
+from nactuator.input_filters import POOLED_KEYS, input_filter_spec
 from nactuator.models import NeuralActuator, load_model
 from nactuator.paths import use_warp_cache
 from nactuator.platforms import load_platform
@@ -131,7 +136,8 @@ class TimedViewer(Viewer):
         self.log_ms.append(1e3 * (time.perf_counter() - t0))
 
 
-def bench_rrd(platform: str, timing: bool, seconds: float, actuator) -> list[dict]:
+def bench_rrd(platform: str, timing: bool, seconds: float, actuator,
+              filters: dict = FILTERS) -> list[dict]:
     """The same loop without and with a Rerun recording (.rrd file), one emulator."""
     p = load_platform(platform)
     out = []
@@ -144,7 +150,7 @@ def bench_rrd(platform: str, timing: bool, seconds: float, actuator) -> list[dic
                 for viewer in (None, TimedViewer("bench", p.channel_names,
                                                  rrd=Path(tmp) / "live.rrd")):
                     loop = LiveLoop(actuator, b, p, b.read_goal(), viewer=viewer,
-                                    input_filters=FILTERS)
+                                    input_filters=filters)
                     s = summarize_timings(loop.run(seconds, sink=None), p.fps)
                     s["lost_slots"] = loop.lost_slots
                     if viewer is not None:
@@ -160,7 +166,7 @@ def bench_rrd(platform: str, timing: bool, seconds: float, actuator) -> list[dic
 
 
 def bench(platform: str, timing: bool, seconds: float, actuator,
-          fps: float | None = None) -> dict:
+          fps: float | None = None, filters: dict = FILTERS) -> dict:
     p = load_platform(platform)
     if fps is not None:  # the loop paces itself at p.fps; the emulator answers any rate
         p = dataclasses.replace(p, fps=fps)
@@ -172,7 +178,7 @@ def bench(platform: str, timing: bool, seconds: float, actuator,
             with open_bus(p, str(link)) as b:
                 b.wait_ready()
                 base = baseline_read_ms(b, int(seconds * p.fps / 2))
-                loop = LiveLoop(actuator, b, p, b.read_goal(), input_filters=FILTERS)
+                loop = LiveLoop(actuator, b, p, b.read_goal(), input_filters=filters)
                 cpu = time.process_time()
                 rows = loop.run(seconds, sink=None)
                 cpu = time.process_time() - cpu
@@ -214,7 +220,8 @@ def contact_calibration(path: Path, model: Path, platform, threshold: float) -> 
 
 
 def bench_contact(timing: bool, seconds: float, actuator, model: Path,
-                  user_file: str | None = None) -> list[tuple[str, dict]]:
+                  user_file: str | None = None, filters: dict = FILTERS
+                  ) -> list[tuple[str, dict]]:
     """The SO-101 loop with contact off / idle / in contact (and the user's file), one
     emulator, one after the other."""
     from nactuator.contact import ContactStream
@@ -234,7 +241,7 @@ def bench_contact(timing: bool, seconds: float, actuator, model: Path,
                 b.wait_ready()
                 for case in ("off", *files):
                     stream = None if case == "off" else ContactStream.open(files[case], p, model)
-                    loop = LiveLoop(actuator, b, p, b.read_goal(), input_filters=FILTERS,
+                    loop = LiveLoop(actuator, b, p, b.read_goal(), input_filters=filters,
                                     contact=stream)
                     cpu = time.process_time()
                     rows = loop.run(seconds, sink=None)
@@ -263,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--contact", nargs="?", const="", default=None, metavar="FILE",
                     help="only the SO-101 loop with contact off / idle / in contact (and "
                          "with FILE, a calibration of --model, as it is)")
+    ap.add_argument("--pool", type=int, default=None, metavar="FRAMES",
+                    help="also run the untrained model with pooled statistics over FRAMES")
     args = ap.parse_args(argv)
     use_warp_cache()
     torch.set_num_threads(1)
@@ -275,40 +284,39 @@ def main(argv: list[str] | None = None) -> None:
     if args.contact is not None:
         main_contact(args, timings)
         return
-    header = ("| platform | servos | bus timing | rate Hz | read p50/p99 ms | SDK-only read p50 | "
-              "infer p50/p99 ms | model-only p50 | write p50/p99 ms | total p50/p99 ms | "
-              "wire ms | own overhead p50 ms | jitter p50/p99 ms | CPU ms/cycle | "
-              "one-core rate Hz |")
+    header = ("| platform | servos | pooled | bus timing | rate Hz | read p50/p99 ms | "
+              "SDK-only read p50 | infer p50/p99 ms | model-only p50 | write p50/p99 ms | "
+              "total p50/p99 ms | wire ms | own overhead p50 ms | jitter p50/p99 ms | "
+              "CPU ms/cycle | one-core rate Hz |")
     print(header)
-    print("|" + "---|" * 15)
+    print("|" + "---|" * 16)
     actuators = {}
     model = None if args.model is None else load_model(args.model)
     platforms = ("omx", "so101") if model is None else (model[1]["platform"],)
+    pools = (None,) if args.pool is None or model is not None else (None, args.pool)
     for platform in platforms:
         p = load_platform(platform)
-        stats = {k: {"mean": [0.0] * p.n, "std": [1.0] * p.n} for k in STATS_KEYS}
-        actuator = model[0] if model is not None else NeuralActuator(
-            n_motors=p.n, norm_stats=stats, model_config={"arch": "transformer"}).eval()
-        actuators[platform] = actuator
-        for timing in timings:
-            s = bench(platform, timing, args.seconds, actuator, args.fps)
-            print(f"| {platform} | {p.n} | {'1 Mbps' if timing else 'off'} | "
-                  f"{s['rate_hz']:.1f} | {s['read_p50_ms']:.2f}/{s['read_p99_ms']:.2f} | "
-                  f"{s['sdk_read_p50_ms']:.2f} | "
-                  f"{s['infer_p50_ms']:.2f}/{s['infer_p99_ms']:.2f} | {s['model_p50_ms']:.2f} | "
-                  f"{s['write_p50_ms']:.2f}/{s['write_p99_ms']:.2f} | "
-                  f"{s['total_p50_ms']:.2f}/{s['total_p99_ms']:.2f} | {s['wire_ms']:.2f} | "
-                  f"{s['own_p50_ms']:.2f} | {s['jitter_p50_ms']:.2f}/{s['jitter_p99_ms']:.2f} | "
-                  f"{s['cpu_ms']:.2f} | {1e3 / s['cpu_ms']:,.0f} |",
-                  flush=True)
+        for pool in pools:
+            stats = {k: {"mean": [0.0] * p.n, "std": [1.0] * p.n}
+                     for k in (*STATS_KEYS, *(POOLED_KEYS if pool else ()))}
+            features = ["command", "state", "telemetry", "error", *(["pooled"] if pool else [])]
+            actuator = model[0] if model is not None else NeuralActuator(
+                features, n_motors=p.n, norm_stats=stats,
+                model_config={"arch": "transformer"}).eval()
+            filters = (model[1]["input_filters"] if model is not None
+                       else input_filter_spec(pool_frames=pool))
+            if pool is None:
+                actuators[platform] = (actuator, filters)
+            for timing in timings:
+                bench_case(platform, timing, args, actuator, filters)
     if not args.rrd:
         return
     print("\n| platform | bus timing | rerun | rate Hz | lost slots | total p50/p99 ms | "
           "jitter p50/p99 ms | log_frame p50/p99 ms | .rrd kB/s |")
     print("|" + "---|" * 9)
-    for platform, actuator in actuators.items():
+    for platform, (actuator, filters) in actuators.items():
         for timing in (False, True):
-            for s, rrd in zip(bench_rrd(platform, timing, args.seconds, actuator),
+            for s, rrd in zip(bench_rrd(platform, timing, args.seconds, actuator, filters),
                               ("off", "--rrd"), strict=True):
                 log = (f"{s['log_p50_ms']:.3f}/{s['log_p99_ms']:.3f}" if rrd != "off"
                        else "-")
@@ -319,6 +327,22 @@ def main(argv: list[str] | None = None) -> None:
                       f"{s['jitter_p50_ms']:.2f}/{s['jitter_p99_ms']:.2f} | {log} | {size} |",
                       flush=True)
 
+
+def bench_case(platform: str, timing: bool, args: argparse.Namespace, actuator,
+               filters: dict) -> None:
+    """One row of the main table: the loop with ``actuator`` and its input ``filters``."""
+    p = load_platform(platform)
+    pooled = "off" if "pool" not in filters else f"{filters['pool']['frames']} frames"
+    s = bench(platform, timing, args.seconds, actuator, args.fps, filters)
+    print(f"| {platform} | {p.n} | {pooled} | {'1 Mbps' if timing else 'off'} | "
+          f"{s['rate_hz']:.1f} | {s['read_p50_ms']:.2f}/{s['read_p99_ms']:.2f} | "
+          f"{s['sdk_read_p50_ms']:.2f} | "
+          f"{s['infer_p50_ms']:.2f}/{s['infer_p99_ms']:.2f} | {s['model_p50_ms']:.2f} | "
+          f"{s['write_p50_ms']:.2f}/{s['write_p99_ms']:.2f} | "
+          f"{s['total_p50_ms']:.2f}/{s['total_p99_ms']:.2f} | {s['wire_ms']:.2f} | "
+          f"{s['own_p50_ms']:.2f} | {s['jitter_p50_ms']:.2f}/{s['jitter_p99_ms']:.2f} | "
+          f"{s['cpu_ms']:.2f} | {1e3 / s['cpu_ms']:,.0f} |",
+          flush=True)
 
 
 def main_contact(args, timings) -> None:
@@ -343,7 +367,7 @@ def main_contact(args, timings) -> None:
         print("|" + "---|" * 10)
         for timing in timings:
             cases = bench_contact(timing, args.seconds, actuator, model_path,
-                                  args.contact or None)
+                                  args.contact or None, meta["input_filters"])
             base = cases[0][1]["total_p50_ms"]
             for case, s in cases:
                 contact = (f"{s['contact_p50_ms']:.2f}/{s['contact_p99_ms']:.2f}"

@@ -1,5 +1,6 @@
 """The input filters (nactuator.input_filters): the fill rule for missing telemetry, the
-causal running median, streaming equal to offline, and the spec a bundle carries."""
+causal running median, the causal pooled statistics, streaming equal to offline, and the
+spec a bundle carries."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import numpy as np
 import pytest
 
 from nactuator.input_filters import (
+    POOLED_KEYS,
+    SLOPE_FLOOR,
     InputFilterError,
     check_spec,
     filter_inputs,
@@ -68,10 +71,11 @@ def _recording(length: int = 120, n: int = 3, seed: int = 0) -> dict[str, np.nda
     return frames
 
 
+@pytest.mark.parametrize("pool", [None, 16], ids=["plain", "pooled"])
 @pytest.mark.parametrize("missing", ["hold_last_valid", "zero"])
-def test_a_stream_filtered_chunk_by_chunk_equals_the_whole_episode(missing):
+def test_a_stream_filtered_chunk_by_chunk_equals_the_whole_episode(missing, pool):
     frames = _recording()
-    spec = input_filter_spec(11, missing)
+    spec = input_filter_spec(11, missing, pool)
     whole, _ = filter_inputs(frames, spec)
     rng = np.random.default_rng(1)
     cuts = np.unique(np.concatenate([[0], rng.integers(1, 120, 20), np.arange(0, 12), [120]]))
@@ -79,19 +83,95 @@ def test_a_stream_filtered_chunk_by_chunk_equals_the_whole_episode(missing):
     for a, b in zip(cuts[:-1], cuts[1:], strict=True):  # chunks of 1 frame and longer
         out, state = filter_inputs({k: v[a:b] for k, v in frames.items()}, spec, state)
         parts.append(out)
-    for key in spec["telemetry"]:
+    pooled = list(POOLED_KEYS) if pool else []
+    assert all(k in whole for k in pooled) and (pool or not any(k in whole for k in POOLED_KEYS))
+    for key in [*spec["telemetry"], *pooled]:
         streamed = np.concatenate([p[key] for p in parts])
         np.testing.assert_array_equal(streamed, whole[key])  # bit-identical
     assert np.isnan(whole["q"][:3, 0]).all() == (missing == "hold_last_valid")
     assert not np.isnan(whole["temperature"][3:]).any()
 
 
+def _pooled_reference(u: np.ndarray, c: np.ndarray, t: int, frames: int) -> dict[str, float]:
+    """The pooled statistics of one motor at frame ``t`` written out as weighted sums over
+    frames k <= t (weight α (1 − α)^(t − k), α = 2 / (frames + 1), frames whose inputs are
+    NaN left out, each moment divided by its total weight): no recursion, no state."""
+    alpha = 2.0 / (frames + 1.0)
+    k = np.arange(t + 1)
+    weight = alpha * (1.0 - alpha) ** (t - k)
+    u, c = u[: t + 1].astype(np.float64), c[: t + 1].astype(np.float64)
+    du = np.concatenate([[np.nan], np.diff(u)])
+    dc = np.concatenate([[np.nan], np.diff(c)])
+
+    def mean(x):
+        ok = np.isfinite(x)
+        return np.sum(weight[ok] * x[ok]) / np.sum(weight[ok]) if ok.any() else np.nan
+
+    eu, ec = mean(u), mean(c)
+    var_u, var_c = mean(u * u) - eu**2, mean(c * c) - ec**2
+    cov = mean(u * c) - eu * ec
+    den = np.sqrt(max(var_u, 0.0) * max(var_c, 0.0))
+    return {"pool_effort_mean": eu, "pool_effort_std": np.sqrt(max(var_u, 0.0)),
+            "pool_effort_abs": mean(np.abs(u)), "pool_command_std": np.sqrt(max(var_c, 0.0)),
+            "pool_effort_command_corr": cov / den if den > 1e-12 else 0.0,  # constant: 0
+            "pool_effort_command_slope": cov / (var_c + SLOPE_FLOOR**2),
+            "pool_command_speed": mean(np.abs(dc)), "pool_effort_drive": mean(u * np.sign(dc)),
+            "pool_effort_roughness": mean(np.abs(du))}
+
+
+def test_pooled_statistics_are_weighted_averages_of_the_past_only():
+    """Each pooled channel at frame t equals its definition computed from frames <= t of
+    the filled effort and the command (an independent weighted sum, float32 tolerance);
+    frames after t change nothing at t; a motor's frames before its first reading add
+    nothing, and no pooled channel exists without ``pool``."""
+    rng = np.random.default_rng(4)
+    length, frames = 200, 32
+    c = np.cumsum(rng.normal(0, 0.02, (length, 2)), axis=0).astype(np.float32)
+    u = (0.8 * c + rng.normal(0, 0.03, (length, 2))).astype(np.float32)  # a spring + noise
+    valid = np.ones((length, 2), np.float32)
+    valid[:5, 1] = 0  # motor 1 not read yet
+    effort = np.where(valid > 0, u, np.nan).astype(np.float32)
+    recording = {"q_cmd": c, "effort": effort, "telemetry_valid": valid}
+    spec = input_filter_spec(1, "hold_last_valid", frames)
+    out, _ = filter_inputs(recording, spec)
+    for t in (0, 1, 6, 40, 199):
+        for motor in (0, 1):
+            if motor == 1 and t < 5:
+                assert all(np.isnan(out[k][t, 1]) for k in POOLED_KEYS[:3])
+                continue
+            want = _pooled_reference(effort[:, motor], c[:, motor], t, frames)
+            for key in POOLED_KEYS:
+                if t == 0 or (motor == 1 and t == 5):  # no finite difference yet
+                    if key in ("pool_command_speed", "pool_effort_drive",
+                               "pool_effort_roughness"):
+                        continue
+                np.testing.assert_allclose(out[key][t, motor], want[key], rtol=2e-4,
+                                           atol=1e-6, err_msg=f"{key} t={t} motor={motor}")
+    # the spring shows: effort follows the command with slope ~0.8 once the joint moved
+    assert 0.5 < out["pool_effort_command_slope"][-1, 0] < 1.1
+    assert out["pool_effort_command_corr"][-1, 0] > 0.5
+    changed = {k: v.copy() for k, v in recording.items()}
+    changed["effort"][120:] += 3.0
+    changed["q_cmd"][120:] -= 1.0
+    again, _ = filter_inputs(changed, spec)
+    for key in POOLED_KEYS:
+        np.testing.assert_array_equal(again[key][:120], out[key][:120])
+        assert not np.array_equal(again[key][120:], out[key][120:])
+    plain, _ = filter_inputs(recording, input_filter_spec(1, "hold_last_valid"))
+    assert not set(POOLED_KEYS) & set(plain)
+
+
 def test_spec_errors_name_the_field():
     good = input_filter_spec(11)
     assert check_spec(good) == good
+    pooled = input_filter_spec(11, pool_frames=64)
+    assert check_spec(pooled) == pooled and pooled["pool"] == {"frames": 64}
+    assert "pool" not in good  # specs without pooling are what older bundles hold
     for change, field in (({"missing": "interpolate"}, "missing"),
                           ({"median": {"temperature": 4}}, "median.temperature"),
                           ({"format": "other/1"}, "format"),
+                          ({"pool": {"frames": 1}}, "pool"),
+                          ({"pool": 64}, "pool"),
                           ({"telemetry": "q"}, "telemetry")):
         with pytest.raises(InputFilterError, match=f"input_filters.{field}"):
             check_spec({**good, **change})
@@ -119,3 +199,28 @@ def test_bundles_carry_the_spec_and_older_ones_get_what_they_were_trained_with()
     broken = {**bundle, "input_filters": {**spec, "missing": "guess"}}
     with pytest.raises(BundleError, match="input_filters.missing must be one of"):
         load_actuator(broken)
+
+
+def test_a_bundle_saved_before_pooling_reads_and_runs_as_before():
+    """The shipped SO-101 bundle (saved before the spec had ``pool``): its spec gains no
+    pooled statistics, the channels it reads are bit-identical whether or not a spec pools
+    (pooling adds channels, never changes one), so its outputs are too, and its live window
+    reads exactly the channels it did."""
+    from nactuator.rollout import StreamingWindow, causal_outputs
+
+    actuator, meta = load_actuator("pretrained/so101")
+    spec = meta["input_filters"]
+    assert "pool" not in spec and not set(POOLED_KEYS) & set(actuator.inputs)
+    frames = _recording(n=6)
+    for key in actuator.inputs:
+        frames.setdefault(key, np.zeros_like(frames["q"]))
+    plain, _ = filter_inputs(frames, spec)
+    pooled, _ = filter_inputs(frames, {**spec, "pool": {"frames": 64}})
+    assert not set(POOLED_KEYS) & set(plain) and set(POOLED_KEYS) <= set(pooled)
+    for key in plain:
+        np.testing.assert_array_equal(plain[key], pooled[key], err_msg=key)
+    (before,), (after,) = causal_outputs(actuator, [plain]), causal_outputs(actuator, [pooled])
+    for key in ("tau", "force", "gate", "condition"):
+        np.testing.assert_array_equal(before[key], after[key], err_msg=key)
+    window = StreamingWindow(actuator.inputs, actuator.window_length, 6, filters=spec)
+    assert window.frame_keys == list(actuator.inputs)

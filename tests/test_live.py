@@ -11,7 +11,7 @@ import pytest
 from nactuator.control.live import run_live
 from nactuator.hardware.emulator import Emulator
 from nactuator.hardware.recorder import with_hardware
-from nactuator.input_filters import input_filter_spec
+from nactuator.input_filters import POOLED_KEYS, input_filter_spec
 from nactuator.models import NeuralActuator, bundle_to_dict, save_bundle
 from nactuator.platforms import load_platform
 from nactuator.rollout import StreamingWindow
@@ -19,12 +19,19 @@ from nactuator.rollout import StreamingWindow
 STATS_KEYS = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "error")
 
 
-def untrained_bundle(path, platform: str, n: int, extra: dict | None = None) -> str:
-    stats = {k: {"mean": [0.0] * n, "std": [1.0] * n} for k in STATS_KEYS}
+def untrained_bundle(path, platform: str, n: int, extra: dict | None = None,
+                     pooled: bool = False) -> str:
+    """An untrained bundle (the paper's transformer size); ``pooled`` adds the feature group
+    of the input filters' pooled statistics and the condition head on them (the spec in
+    ``extra`` must then pool)."""
+    stats = {k: {"mean": [0.0] * n, "std": [1.0] * n}
+             for k in (*STATS_KEYS, *(POOLED_KEYS if pooled else ()))}
     stats["voltage"] = {"mean": [12.0] * n, "std": [0.3] * n}
     stats["temperature"] = {"mean": [30.0] * n, "std": [5.0] * n}
-    actuator = NeuralActuator(n_motors=n, norm_stats=stats,
-                              model_config={"arch": "transformer"})  # the paper's size
+    features = ["command", "state", "telemetry", "error", *(["pooled"] if pooled else [])]
+    config = {"arch": "transformer",
+              **({"condition_head": {"kind": "pooled", "hidden": 8}} if pooled else {})}
+    actuator = NeuralActuator(features, n_motors=n, norm_stats=stats, model_config=config)
     save_bundle(bundle_to_dict(actuator, platform, extra), path)
     return str(path)
 
@@ -277,11 +284,13 @@ class Tap:
         return getattr(self.bus, name)
 
 
-def test_the_live_loop_gives_what_infer_gives_on_the_telemetry_it_read(tmp_path) -> None:
+@pytest.mark.parametrize("pool", [None, 64], ids=["plain", "pooled"])
+def test_the_live_loop_gives_what_infer_gives_on_the_telemetry_it_read(tmp_path, pool) -> None:
     """LiveLoop against an emulated arm whose joint3 servo stops answering mid-run: every
     row (force, gate, condition) equals `infer`'s estimate for that frame of the telemetry
     the loop read, the frames without joint3 included (the checkpoint's input filters both
-    ways: hold-last-valid, temperature median)."""
+    ways: hold-last-valid, temperature median, and with ``pool`` the pooled statistics the
+    loop computes frame by frame)."""
     from nactuator.control.live import LiveLoop
     from nactuator.data import Episode
     from nactuator.data.episodes import filter_episode
@@ -289,9 +298,10 @@ def test_the_live_loop_gives_what_infer_gives_on_the_telemetry_it_read(tmp_path)
     from nactuator.hardware.open import open_bus
     from nactuator.models import load_actuator
 
-    spec = input_filter_spec(11, "hold_last_valid")
+    spec = input_filter_spec(11, "hold_last_valid", pool)
     actuator, meta = load_actuator(untrained_bundle(tmp_path / "omx.pt", "omx", 5,
-                                                    {"input_filters": spec}))
+                                                    {"input_filters": spec}, pooled=bool(pool)))
+    assert bool(pool) == (set(POOLED_KEYS) <= set(actuator.inputs))
     assert meta["input_filters"] == spec
     # A dead servo costs reply timeouts until it counts as absent: keep them short here.
     omx = with_hardware(load_platform("omx"), rx_timeout_ms=100.0, reply_timeout_ms=100.0,

@@ -135,3 +135,74 @@ def test_a_crafted_checkpoint_is_refused_and_runs_nothing(tmp_path):
     torch.save({"epoch": 1, "nactuator": bundle}, tmp_path / "good.ckpt")
     loaded, meta = load_actuator(tmp_path / "good.ckpt", expect_platform="so101")
     assert meta["weights"] == "ema"
+
+
+def _pooled_pair(arch: str):
+    """The same network with and without the pooled condition head (same seed)."""
+    from nactuator.input_filters import POOLED_KEYS
+
+    stats = {**make_stats(), **{k: {"mean": [0.1] * 5, "std": [2.0] * 5} for k in POOLED_KEYS}}
+    sizes = {"arch": arch, "d_model": 32, "d_ff": 64} if arch == "transformer" else {
+        "arch": arch, "hidden": 32}
+    torch.manual_seed(0)
+    plain = NeuralActuator(["command", "state", "telemetry", "error"], 5, stats, sizes).eval()
+    torch.manual_seed(0)
+    pooled = NeuralActuator(["command", "state", "telemetry", "error", "pooled"], 5, stats,
+                            {**sizes, "condition_head": {"kind": "pooled", "hidden": 8}})
+    return plain, pooled.eval(), POOLED_KEYS
+
+
+@pytest.mark.parametrize("arch", ["transformer", "jointwise"])
+def test_the_pooled_condition_head_reads_only_each_motors_current_statistics(tmp_path, arch):
+    """With ``condition_head: pooled`` the network's torque and force are those of the same
+    network without pooled channels (it does not see them), and motor j's condition changes
+    with motor j's pooled statistics of the current frame only: not with older frames', not
+    with another motor's, not with the window's other channels. The bundle keeps the head."""
+    plain, pooled, keys = _pooled_pair(arch)
+    pooled.net.load_state_dict(plain.net.state_dict())
+    window = make_window(n=5)
+    g = torch.Generator().manual_seed(1)
+    window.update({k: torch.randn(4, 9, 5, generator=g) for k in keys})
+    base = outputs(pooled, window)
+    for key in ("tau", "force", "gate"):
+        torch.testing.assert_close(base[key], outputs(plain, window)[key], rtol=0, atol=0)
+
+    def changed(edit) -> torch.Tensor:
+        other = {k: v.clone() for k, v in window.items()}
+        edit(other)
+        return (outputs(pooled, other)["condition"] - base["condition"]).abs().amax(0)
+
+    now = changed(lambda w: w["pool_effort_command_slope"][:, -1, 2].add_(3.0))
+    assert now[2] > 1e-4 and (now[[0, 1, 3, 4]] == 0).all()
+    assert (changed(lambda w: w["pool_effort_mean"][:, :-1].add_(3.0)) == 0).all()
+    assert (changed(lambda w: w["effort"].add_(3.0)) == 0).all()
+
+    path = save_bundle(bundle_to_dict(pooled, "omx"), tmp_path / "pooled.pt")
+    loaded, meta = load_actuator(path)
+    assert meta["model_config"]["condition_head"] == {"kind": "pooled", "hidden": 8}
+    torch.testing.assert_close(outputs(loaded, window), base, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="feature group 'pooled'"):
+        NeuralActuator(plain.features, 5, make_stats(),
+                       {"arch": arch, "condition_head": {"kind": "pooled"}})
+
+
+def test_the_pooled_condition_head_trains_at_its_own_learning_rate():
+    """``model.condition_head`` + ``model.condition_lr`` (conf/train/pooled_condition.yaml):
+    the head's parameters form their own optimiser group at condition_lr, everything else
+    stays at lr, and every parameter is in exactly one group."""
+    from nactuator.input_filters import POOLED_KEYS
+    from nactuator.training.module import NeuralActuatorModule
+
+    module = NeuralActuatorModule(
+        platform="omx", arch="mlp", width=16, depth=1, lr=1e-3, lr_total_steps=10,
+        features=["command", "state", "telemetry", "error", "pooled"],
+        condition_head={"kind": "pooled", "hidden": 8}, condition_lr=3e-2)
+    module.build_actuator({**make_stats(), **{k: {"mean": [0.0] * 5, "std": [1.0] * 5}
+                                              for k in POOLED_KEYS}})
+    groups = module.configure_optimizers()["optimizer"].param_groups
+    assert [g["name"] for g in groups] == ["all", "condition"]
+    assert [g["initial_lr"] for g in groups] == pytest.approx([1e-3, 3e-2])
+    assert {id(p) for p in groups[1]["params"]} == {
+        id(p) for p in module.actuator.condition_head.parameters()}
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert len(ids) == len(set(ids)) == len(list(module.actuator.parameters()))

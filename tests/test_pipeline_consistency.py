@@ -3,7 +3,9 @@
 tests check that the data each room feeds the model is the same (same windows, padding,
 temperature filter and fill of dropped telemetry), so the same checkpoint gives the same
 numbers. The recording is the real SO-101 NAD data with dropped servo reads written into
-it (telemetry_valid = 0, values NaN), as the recorder stores them."""
+it (telemetry_valid = 0, values NaN), as the recorder stores them. Every test runs twice:
+with the default filters, and with the causal pooled statistics (``data.pool_frames``, the
+feature group ``pooled``) a model reads on top."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from nactuator.data.writer import DatasetWriter
 from nactuator.eval.episodes import load_episodes
 from nactuator.eval.infer import predict_episodes
 from nactuator.eval.protocol import episode_rollouts as eval_rollout
-from nactuator.input_filters import TELEMETRY_KEYS, input_filter_spec
+from nactuator.input_filters import POOLED_KEYS, TELEMETRY_KEYS
 from nactuator.models import NeuralActuator
 from nactuator.platforms import load_platform
 from nactuator.rollout import StreamingWindow, causal_windows, closed_loop_rollout, episode_block
@@ -48,8 +50,8 @@ def with_dropped_reads(frames: dict[str, np.ndarray], seed: int) -> dict[str, np
     return out
 
 
-@pytest.fixture(scope="module")
-def so101(nad_dir, tmp_path_factory):
+@pytest.fixture(scope="module", params=[None, 64], ids=["plain", "pooled"])
+def so101(nad_dir, tmp_path_factory, request):
     root = tmp_path_factory.mktemp("pipeline")
     import_nad(nad_dir / "so101", root / "nad")
     source = read_dataset(root / "nad")
@@ -58,10 +60,16 @@ def so101(nad_dir, tmp_path_factory):
         for ep in source.episodes:
             w.add_episode(with_dropped_reads(ep.frames, ep.index), ep.task, ep.split, ep.meta)
     dm = NADDataModule([root / "dropped"], "so101", window_length=WINDOW, horizon=6,
-                       batch_size=4, seed=0)
+                       batch_size=4, seed=0, pool_frames=request.param)
     dm.setup("fit")
     torch.manual_seed(0)
-    actuator = NeuralActuator(n_motors=6, norm_stats=dm.norm_stats, model_config=TINY).eval()
+    features, config = ["command", "state", "telemetry", "error"], dict(TINY)
+    if request.param:  # conf/train/pooled_condition.yaml: the channels and their head
+        features.append("pooled")
+        config["condition_head"] = {"kind": "pooled", "hidden": 8}
+        assert set(POOLED_KEYS) <= set(dm.norm_stats)
+    actuator = NeuralActuator(features, n_motors=6, norm_stats=dm.norm_stats,
+                              model_config=config).eval()
     # As `eval` and `infer` load it: the command channels derived, nothing filtered yet.
     episodes = {ep.index: ep for ep in load_episodes(root / "dropped", platform, None)}
     return dm, actuator, episodes
@@ -111,7 +119,7 @@ def test_live_streaming_and_infer_agree_on_a_recording_with_dropped_reads(so101)
     live = {k: [] for k in OUTPUTS}
     with torch.inference_mode():
         for t in range(episode.length):
-            stream.push({k: episode.frames[k][t] for k in actuator.inputs}, valid=valid[t])
+            stream.push({k: episode.frames[k][t] for k in stream.frame_keys}, valid=valid[t])
             out = actuator(stream.tensors())
             for key in OUTPUTS:
                 live[key].append(out[key][0].reshape(-1).numpy().copy())
@@ -119,9 +127,13 @@ def test_live_streaming_and_infer_agree_on_a_recording_with_dropped_reads(so101)
         np.testing.assert_allclose(np.array(live[key]).reshape(offline[key].shape),
                                    offline[key], atol=1e-5, err_msg=key)
     # The fill rule matters on exactly those frames: zero-filled inputs give other forces.
-    (zero,) = predict_episodes(actuator, [filter_episode(episode, input_filter_spec(11, "zero"))])
+    (zero,) = predict_episodes(actuator, [filter_episode(episode, {**spec, "missing": "zero"})])
     changed = np.abs(zero["force"] - offline["force"]).max(axis=1) > 1e-4
     assert changed.any() and not changed[: int(np.argmin(valid.all(axis=1)))].any()
+    if "pool" in spec:  # the pooled channels reach the outputs: another horizon, other outputs
+        (short,) = predict_episodes(actuator, [filter_episode(episode,
+                                                              {**spec, "pool": {"frames": 8}})])
+        assert np.abs(short["condition"] - offline["condition"]).max() > 1e-4
 
 
 def test_teacher_forced_rollout_is_infer(so101):

@@ -39,7 +39,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nactuator.input_filters import FilterState, check_spec, filter_inputs
+from nactuator.input_filters import (
+    POOL_SOURCES,
+    POOLED_KEYS,
+    FilterState,
+    check_spec,
+    filter_inputs,
+    pooled_keys,
+)
 
 __all__ = [
     "RECORDED_KEYS",
@@ -61,9 +68,10 @@ __all__ = [
 
 WINDOW_LENGTH = 9  # SPEC §4: 8 history frames + the current frame
 # Replayed from the recording: the commands and what is known before execution
-# (nactuator.data.commands), and the telemetry a telemetry-conditioned model reads.
+# (nactuator.data.commands), the telemetry a telemetry-conditioned model reads and the input
+# filters' pooled statistics of it (of effort and commands only: never the state).
 RECORDED_KEYS = ("q_cmd", "q_cmd_next", "torque_enable", "kp", "supply_voltage",
-                 "initial_temperature", "effort", "voltage", "temperature")
+                 "initial_temperature", "effort", "voltage", "temperature", *POOLED_KEYS)
 STATE_KEYS = ("q", "qd")  # simulated during a rollout
 
 StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -151,7 +159,9 @@ class StreamingWindow:
     padding until L frames exist). With ``filters`` (the bundle's input filter spec) each
     pushed frame first goes through :func:`nactuator.input_filters.filter_inputs`, the
     function training and ``infer`` run over whole episodes, with the stream's state
-    carried from push to push. On the CPU the tensors handed out are views of one
+    carried from push to push. The pooled channels (``pool_*``, when the spec has ``pool``)
+    are computed there, so a frame pushed holds :attr:`frame_keys`: the window's other
+    channels plus the pool's sources. On the CPU the tensors handed out are views of one
     (K, L, n) buffer, so a cycle copies nothing but the new row.
     """
 
@@ -162,6 +172,14 @@ class StreamingWindow:
         self.filters = None if filters is None else check_spec(filters)
         self._filter_state: FilterState | None = None
         self.keys, self.window_length, self.n = list(keys), int(window_length), n
+        pooled = [k for k in self.keys if k in POOLED_KEYS]
+        if pooled and not pooled_keys(self.filters):
+            raise ValueError(f"the window reads pooled channels {pooled} but the input "
+                             "filters have no 'pool' (the bundle's spec computes them)")
+        # What push reads: the channels not computed by the filters, and the pool's sources.
+        self.frame_keys = [k for k in self.keys if k not in POOLED_KEYS]
+        if pooled:
+            self.frame_keys += [k for k in POOL_SOURCES if k not in self.frame_keys]
         self.data = np.zeros((len(self.keys), self.window_length, n), dtype=np.float32)
         self.count = 0
         self.device = torch.device(device)
@@ -177,11 +195,12 @@ class StreamingWindow:
         self.frame: dict[str, np.ndarray] = {}
 
     def push(self, values: Mapping[str, np.ndarray], valid: np.ndarray | None = None) -> None:
-        """Append the newest frame (``values[key]`` of shape (n,)); ``valid`` (n,) is 1
-        where the motor was read this cycle (default: all). The frame goes through the
-        input filters if the window has them; NaN reads as 0."""
+        """Append the newest frame (``values[key]`` of shape (n,) for every key of
+        :attr:`frame_keys`); ``valid`` (n,) is 1 where the motor was read this cycle
+        (default: all). The frame goes through the input filters if the window has them;
+        NaN reads as 0."""
         frame = {k: np.asarray(values[k], dtype=np.float32).reshape(1, self.n)
-                 for k in self.keys}
+                 for k in self.frame_keys}
         if self.filters is not None:
             if valid is not None:
                 frame["telemetry_valid"] = np.asarray(valid).reshape(1, self.n)

@@ -35,7 +35,7 @@ from nactuator.data.episodes import dataset_paths, episode_splits, open_datasets
 from nactuator.data.normalization import norm_stats, state_step_stats
 from nactuator.data.references import LinearForceReference
 from nactuator.data.schema import REQUIRED_KEYS, SPLITS, DataFormatError
-from nactuator.input_filters import MISSING_RULES, filter_inputs, input_filter_spec
+from nactuator.input_filters import MISSING_RULES, filter_inputs, input_filter_spec, pooled_keys
 from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import WINDOW_LENGTH
 
@@ -146,6 +146,9 @@ class NADDataModule(L.LightningDataModule):
             the live loop can serve causally) or ``zero``. With ``temperature_median`` this
             makes the input filter spec (:attr:`input_filters`,
             :mod:`nactuator.input_filters`) the checkpoint carries to eval, infer and live.
+        pool_frames: horizon (frames) of the input filters' causal pooled statistics of
+            effort and command (the ``pool_*`` channels the feature group ``pooled`` reads,
+            served in every batch); ``None`` (default): none are computed or served.
         eval_batch_size: whole episodes per validation/test batch (default: all of them).
         cv_folds, cv_fold: serve fold ``cv_fold`` of a ``cv_folds``-fold cross-validation
             by trajectory instead of the stored splits (:mod:`nactuator.data.folds`: the
@@ -169,6 +172,7 @@ class NADDataModule(L.LightningDataModule):
         seed: int = 0,
         temperature_median: int = 11,
         missing_telemetry: str = "hold_last_valid",
+        pool_frames: int | None = None,
         eval_batch_size: int | None = None,
         cv_folds: int | None = None,
         cv_fold: int = 0,
@@ -203,7 +207,10 @@ class NADDataModule(L.LightningDataModule):
         if missing_telemetry not in MISSING_RULES:
             raise ValueError(f"missing_telemetry must be one of {list(MISSING_RULES)}, got "
                              f"{missing_telemetry!r}")
-        self.input_filters = input_filter_spec(self.temperature_median, missing_telemetry)
+        self.input_filters = input_filter_spec(self.temperature_median, missing_telemetry,
+                                               pool_frames)
+        # The batch's channels: the fixed ones, then the pooled statistics if computed.
+        self._channels = (*_CHANNELS, *((k, "n") for k in pooled_keys(self.input_filters)))
         self.cv = None if cv_folds is None else (int(cv_folds), int(cv_fold))
         self.masks_camera = masks_camera
         self.masks_camera_file: Path | None = None  # set when loaded, with masks_camera
@@ -332,9 +339,10 @@ class NADDataModule(L.LightningDataModule):
             raise DataFormatError(f"no episodes in {[str(x) for x in self.paths]}")
 
         lengths = np.array([e.length for e in episodes], dtype=np.int64)
+        pooled = pooled_keys(self.input_filters)
         frames = {k: np.concatenate([f[k] for f in parts]) for k in
-                  (*REQUIRED_KEYS, "force",
-                   "condition", "payload_mass", *COMMAND_KEYS, *EXOGENOUS_KEYS)}
+                  (*REQUIRED_KEYS, "force", "condition", "payload_mass", *COMMAND_KEYS,
+                   *EXOGENOUS_KEYS, *pooled)}
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
 
         force_linear = self._linear_force(episodes, parts, frames, starts, lengths)
@@ -357,7 +365,7 @@ class NADDataModule(L.LightningDataModule):
         widths = {"n": n, "3": 3, "1": 1}
         self._slices: dict[str, slice] = {}
         col = 0
-        for key, kind in _CHANNELS:
+        for key, kind in self._channels:
             self._slices[key] = slice(col, col + widths[kind])
             col += widths[kind]
         total = int(lengths.sum()) + hist * len(episodes)
@@ -375,7 +383,7 @@ class NADDataModule(L.LightningDataModule):
         cond_valid = np.isfinite(cond)
         payload = frames["payload_mass"].reshape(-1, 1)
         values = {
-            **{k: np.nan_to_num(frames[k], nan=0.0) for k in _MODEL_INPUTS},
+            **{k: np.nan_to_num(frames[k], nan=0.0) for k in (*_MODEL_INPUTS, *pooled)},
             "force": np.where(force_valid, np.nan_to_num(force, nan=0.0), 0.0),
             "force_valid": force_valid.astype(np.float32),
             "force_linear": force_linear,
@@ -522,7 +530,7 @@ class NADDataModule(L.LightningDataModule):
             *rows.shape, -1
         )
         out: dict[str, torch.Tensor] = {}
-        for key, _ in _CHANNELS:
+        for key, _ in self._channels:
             v = block[..., self._slices[key]]
             if key in ("force_valid", "payload_mass", "pad"):
                 v = v[..., 0]

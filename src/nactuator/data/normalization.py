@@ -7,13 +7,14 @@ from __future__ import annotations
 import numpy as np
 
 from nactuator.data.schema import REQUIRED_KEYS
+from nactuator.input_filters import POOLED_KEYS
 
 __all__ = ["NORM_KEYS", "OPTIONAL_NORM_KEYS", "STD_FLOOR", "norm_stats", "state_step_stats"]
 
 NORM_KEYS = (*REQUIRED_KEYS, "error")  # the recorded channels and the error q_cmd - q
-# Exogenous inputs of counterfactual models (nactuator.data.commands), normalised when the
-# frames hold them.
-OPTIONAL_NORM_KEYS = ("supply_voltage", "initial_temperature")
+# Exogenous inputs of counterfactual models (nactuator.data.commands) and the input
+# filters' pooled statistics, normalised when the frames hold them.
+OPTIONAL_NORM_KEYS = ("supply_voltage", "initial_temperature", *POOLED_KEYS)
 # Below this a channel is treated as constant (std := 1), so dividing by std can't blow up
 # a channel that never moved in the training split (e.g. an unused gripper).
 STD_FLOOR = 1e-6

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from nactuator.input_filters import POOLED_KEYS
 from nactuator.platforms import Platform
 
 __all__ = ["EFFORT_UNITS", "export_units"]
@@ -26,7 +27,22 @@ VELOCITY = {"revolute": "rad/s", "prismatic": "m/s"}
 TORQUE = {"revolute": "N·m", "prismatic": "N"}
 
 
+def _pooled_unit(key: str, kind: str, effort_signal: str) -> str:
+    """The input filters' pooled statistics (``pool``): moving averages over the bundle's
+    ``input_filters.pool.frames`` of effort u and command c (nactuator.input_filters)."""
+    u, c = EFFORT_UNITS[effort_signal], POSITION[kind]
+    units = {"pool_effort_mean": u, "pool_effort_std": u, "pool_effort_abs": u,
+             "pool_command_std": c, "pool_effort_command_corr": "1 (correlation of u and c)",
+             "pool_effort_command_slope": f"({u}) per {c}",
+             "pool_command_speed": f"{c} per frame (mean |Δc|)",
+             "pool_effort_drive": f"{u} (mean u · sign(Δc))",
+             "pool_effort_roughness": f"{u} per frame (mean |Δu|)"}
+    return f"pooled statistic: {units[key]}"
+
+
 def _channel_unit(key: str, kind: str, effort_signal: str) -> str:
+    if key in POOLED_KEYS:
+        return _pooled_unit(key, kind, effort_signal)
     if key in ("q_cmd", "q", "q_cmd_next"):
         return POSITION[kind]
     if key == "qd":

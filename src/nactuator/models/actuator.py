@@ -8,8 +8,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from nactuator.input_filters import POOLED_KEYS
 from nactuator.models.features import DEFAULT_FEATURES, FeatureBuilder, actuator_mode
 from nactuator.models.firmware import FirmwareLaw
+from nactuator.models.heads import PooledConditionHead
 from nactuator.models.networks import build_model
 from nactuator.models.physics import build_physics
 from nactuator.uncertainty import GAUSSIAN_Z90
@@ -43,6 +45,11 @@ class NeuralActuator(nn.Module):
     and ``physics`` (e.g. ``{"kind": "dc_motor", **priors}``,
     :mod:`nactuator.models.physics`): a physical actuator model whose torque the network's
     output is added to, as a learned residual.
+
+    ``condition_head: {"kind": "pooled", "hidden": H}`` (needs the feature group ``pooled``)
+    replaces the network's condition output by :class:`~nactuator.models.heads.
+    PooledConditionHead` on the current frame's pooled statistics, and the network then
+    reads the tokens without them: torque and force see what they saw without pooling.
     """
 
     def __init__(self, features: Sequence[str] = DEFAULT_FEATURES, n_motors: int | None = None,
@@ -62,6 +69,7 @@ class NeuralActuator(nn.Module):
         firmware_config = config.pop("firmware", None)
         physics_config = config.pop("physics", None)
         state_step = config.pop("state_step", None)
+        condition_head = config.pop("condition_head", None)
         if config.get("dynamics", "torque") == "next_state":
             if physics_config is not None:
                 raise ValueError("a next-state model predicts the state, not a torque: it "
@@ -75,7 +83,10 @@ class NeuralActuator(nn.Module):
                     else FirmwareLaw.from_config(firmware_config, "model_config 'firmware'"))
         self.feature_builder = FeatureBuilder(features, n_motors, norm_stats, firmware=firmware)
         self.n_motors = n_motors
-        self.net = build_model(n_in=self.feature_builder.n_in, n_motors=n_motors, **config)
+        self.condition_head = self._build_condition_head(condition_head)
+        n_in = (self.feature_builder.n_in if self.condition_head is None
+                else len(self.net_columns))
+        self.net = build_model(n_in=n_in, n_motors=n_motors, **config)
         self.physics = (None if physics_config is None
                         else build_physics(physics_config, n_motors, firmware))
         self.model_config = dict(self.net.config)
@@ -90,9 +101,46 @@ class NeuralActuator(nn.Module):
             self.model_config["firmware"] = firmware.to_config()
         if physics_config is not None:
             self.model_config["physics"] = dict(physics_config)
+        if self.condition_head is not None:
+            self.model_config["condition_head"] = {"kind": "pooled",
+                                                   "hidden": self.condition_head.hidden}
         # The interval calibration (bundle data, nactuator.uncertainty.calibration_record);
         # None: not calibrated, the Gaussian 90 % half-width z = 1.645 σ.
         self.interval_calibration: dict[str, Any] | None = None
+
+    def _build_condition_head(self, spec: Any) -> PooledConditionHead | None:
+        """The pooled condition head of ``model_config["condition_head"]`` (None: the
+        network's own); sets the token columns the network and the head read."""
+        if spec is None:
+            return None
+        if not isinstance(spec, Mapping) or spec.get("kind") != "pooled":
+            raise ValueError(f"model_config 'condition_head' must be {{'kind': 'pooled', "
+                             f"'hidden': H}}, got {spec!r}")
+        hidden = spec.get("hidden", 32)
+        if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
+            raise ValueError(f"condition_head.hidden must be a positive integer, got {hidden!r}")
+        channels, n = self.feature_builder.channels, self.n_motors
+        if not set(POOLED_KEYS) <= set(channels):
+            raise ValueError("condition_head 'pooled' reads the feature group 'pooled' (the "
+                             f"input filters' pool); the features are {self.features}")
+        # Tokens are channel-major: channel c of motor m is column c * n + m.
+        pooled = [channels.index(k) for k in POOLED_KEYS]
+        self.register_buffer("pool_columns", torch.tensor(
+            [[c * n + m for m in range(n)] for c in pooled]), persistent=False)  # (P, n)
+        self.register_buffer("net_columns", torch.tensor(
+            [c * n + m for c in range(len(channels)) if c not in pooled for m in range(n)]),
+            persistent=False)
+        return PooledConditionHead(n, len(pooled), hidden)
+
+    def _network(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The network on a token window (B, L, n_in); with the pooled condition head, the
+        network reads the other columns and the head the current frame's pooled ones."""
+        if self.condition_head is None:
+            return self.net(tokens)
+        out = self.net(tokens.index_select(-1, self.net_columns))
+        logit = self.condition_head(tokens[:, -1][:, self.pool_columns])
+        out["condition_logit"], out["condition"] = logit, torch.sigmoid(logit)
+        return out
 
     @property
     def has_uncertainty(self) -> bool:
@@ -149,7 +197,7 @@ class NeuralActuator(nn.Module):
 
     def forward_tokens(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         """The network on one window of tokens (B, L, n_in) (no physics actuator)."""
-        return self._state_outputs(self.net(tokens))
+        return self._state_outputs(self._network(tokens))
 
     def _state_outputs(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A next-state network's ``state_delta`` (B, n, 2) in SI: ``dq``, ``dqd`` (B, n),
@@ -160,7 +208,7 @@ class NeuralActuator(nn.Module):
         return out
 
     def forward(self, window: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = self._state_outputs(self.net(self.feature_builder(window)))
+        out = self._state_outputs(self._network(self.feature_builder(window)))
         if self.physics is not None:
             out["tau"] = self.physics(window) + out["tau"]
         if "force_log_var" in out:

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from nactuator.input_filters import POOLED_KEYS
 from nactuator.models.firmware import FirmwareLaw
 
 FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
@@ -33,6 +34,9 @@ FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
     "duty": ("duty",),
     "supply": ("supply_voltage",),
     "thermal": ("initial_temperature",),
+    # Causal statistics of effort and command over a longer horizon than the window (the
+    # input filters' ``pool``, nactuator.input_filters): what the condition head needs.
+    "pooled": POOLED_KEYS,
 }
 DEFAULT_FEATURES = ("command", "state", "telemetry", "error")
 COUNTERFACTUAL_FEATURES = ("state", "duty", "enable", "supply")
@@ -42,7 +46,7 @@ DERIVED: dict[str, tuple[str, ...]] = {
     "duty": ("q_cmd", "q", "kp", "torque_enable"),
 }
 # Recorded during the motion itself: a model reading any of them replays its telemetry.
-TELEMETRY_CHANNELS = ("effort", "voltage", "temperature", "pwm", "current")
+TELEMETRY_CHANNELS = ("effort", "voltage", "temperature", "pwm", "current", *POOLED_KEYS)
 # Channels with a natural scale: normalised with these (mean, std) when the statistics lack
 # them (the DataModule does not compute statistics of derived or binary channels).
 FIXED_STATS = {"duty": (0.0, 1.0), "torque_enable": (0.0, 1.0)}

@@ -89,3 +89,38 @@ class ActuatorHeads(nn.Module):
         if self.force_log_var is not None:
             out["force_log_var"] = self.force_log_var(force_feature)
         return out
+
+
+class PooledConditionHead(nn.Module):
+    """The condition logit of each motor from that motor's pooled statistics alone
+    (model_config ``condition_head: {kind: pooled, hidden: H}``; the input filters'
+    ``pool``, normalised by the feature builder): per motor its own
+    ``Linear(P, H) -> SiLU -> Linear(H, H) -> SiLU -> Linear(H, 1)``, batched as einsums.
+
+    Why not the network's head: it reads the 9-frame window of every channel, and on a few
+    dozen recorded runs it learns to recognise the runs themselves (train condition loss
+    ~1e-4, validation rising; SO-101, docs/results.md §6.3.2). A motor's ~1 s statistics of
+    its effort against its command are what a restriction changes, and a small classifier of
+    only those cannot memorise a trajectory.
+    """
+
+    def __init__(self, n_motors: int, n_stats: int, hidden: int = 32) -> None:
+        super().__init__()
+        self.n_motors, self.n_stats, self.hidden = n_motors, n_stats, hidden
+
+        def uniform(*shape: int, fan_in: int) -> nn.Parameter:  # nn.Linear's default init
+            bound = 1.0 / math.sqrt(fan_in)
+            return nn.Parameter(torch.empty(*shape).uniform_(-bound, bound))
+
+        self.w1 = uniform(n_motors, n_stats, hidden, fan_in=n_stats)
+        self.b1 = uniform(n_motors, hidden, fan_in=n_stats)
+        self.w2 = uniform(n_motors, hidden, hidden, fan_in=hidden)
+        self.b2 = uniform(n_motors, hidden, fan_in=hidden)
+        self.w3 = uniform(n_motors, hidden, fan_in=hidden)
+        self.b3 = uniform(n_motors, fan_in=hidden)
+
+    def forward(self, stats: torch.Tensor) -> torch.Tensor:
+        """stats (B, P, n): each motor's normalised pooled statistics -> logits (B, n)."""
+        h = F.silu(torch.einsum("bpn,nph->bnh", stats, self.w1) + self.b1)
+        h = F.silu(torch.einsum("bnh,nhk->bnk", h, self.w2) + self.b2)
+        return torch.einsum("bnh,nh->bn", h, self.w3) + self.b3

@@ -65,7 +65,7 @@ class ForceSensor:
         """Frame k's telemetry and command in; the model's [f̂, gate] for frame k out."""
         values = dict(telemetry, q_cmd=q_cmd)
         for e, w in enumerate(self.windows):
-            w.push({k: values[k][e] for k in w.keys})
+            w.push({k: values[k][e] for k in w.frame_keys})
         batch = {k: torch.cat([w.tensors()[k] for w in self.windows])
                  for k in [*self.windows[0].keys, "pad"]}
         with torch.inference_mode():

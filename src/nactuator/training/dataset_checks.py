@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nactuator.input_filters import POOLED_KEYS, pooled_keys
 from nactuator.models.config import physics_inputs
 from nactuator.models.features import window_channels
 from nactuator.platforms import Platform
@@ -35,7 +36,14 @@ def check_datamodule_matches(platform: Platform, window_length: int, datamodule:
 def check_dataset_channels(features: list[str], model_config: dict[str, Any],
                            datamodule: Any) -> None:
     """Every channel the model's feature groups (and its physics actuator) read must be
-    recorded in every dataset of the DataModule (``unrecorded_channels()``)."""
+    recorded in every dataset of the DataModule (``unrecorded_channels()``), and the pooled
+    statistics the group ``pooled`` reads must be computed by its input filters."""
+    pooled = [k for k in window_channels(features) if k in POOLED_KEYS]
+    filters = getattr(datamodule, "input_filters", None)
+    if pooled and isinstance(filters, dict) and not pooled_keys(filters):
+        raise ValueError("model.features has 'pooled' but the DataModule computes no pooled "
+                         "statistics; set data.pool_frames (e.g. conf/train/"
+                         "pooled_condition.yaml) or drop 'pooled'")
     unrecorded = getattr(datamodule, "unrecorded_channels", None)
     if unrecorded is None:
         return

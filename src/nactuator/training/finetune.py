@@ -68,17 +68,21 @@ def largest_shift(reference: dict, other: dict) -> tuple[str, float]:
 
 
 def parameter_groups(actuator: NeuralActuator, lr: float, backbone_lr_scale: float = 1.0,
-                     physics_lr: float | None = None) -> list[dict[str, Any]]:
+                     physics_lr: float | None = None,
+                     condition_lr: float | None = None) -> list[dict[str, Any]]:
     """AdamW parameter groups: the heads at ``lr`` first; then the encoder (backbone) at
     ``lr * backbone_lr_scale`` when that scale is not 1; then a physics actuator's
-    constants at ``physics_lr`` (no weight decay) when it is set. Without either option
-    there is one group, as before they existed, so older checkpoints resume with their
-    optimiser state."""
+    constants at ``physics_lr`` (no weight decay) when it is set; then the pooled condition
+    head at ``condition_lr`` when it is set. Without any option there is one group, as
+    before they existed, so older checkpoints resume with their optimiser state."""
     physics = getattr(actuator, "physics", None)
     physics_params = (list(physics.parameters())
                       if physics is not None and physics_lr is not None else [])
+    head = getattr(actuator, "condition_head", None)
+    condition_params = (list(head.parameters())
+                        if head is not None and condition_lr is not None else [])
     backbone = list(actuator.net.encoder.parameters()) if backbone_lr_scale != 1.0 else []
-    taken = {id(p) for p in backbone + physics_params}
+    taken = {id(p) for p in backbone + physics_params + condition_params}
     heads = [p for p in actuator.parameters() if id(p) not in taken]
     groups = [{"name": "heads" if backbone else "all", "params": heads, "lr": lr}]
     if backbone:
@@ -86,4 +90,6 @@ def parameter_groups(actuator: NeuralActuator, lr: float, backbone_lr_scale: flo
     if physics_params:
         groups.append({"name": "physics", "params": physics_params, "lr": physics_lr,
                        "weight_decay": 0.0})
+    if condition_params:
+        groups.append({"name": "condition", "params": condition_params, "lr": condition_lr})
     return groups

@@ -115,6 +115,10 @@ class NeuralActuatorModule(L.LightningModule):
             one-step loss on the recorded windows (``loss.w_next``; no simulator), and in
             validation / ``eval`` the model replaces the simulator step of the open-loop
             rollout from frame 0.
+        condition_head: ``{kind: pooled, hidden: H}``: the condition score from each motor's
+            pooled statistics alone (feature group ``pooled``, ``data.pool_frames``;
+            ``models.heads.PooledConditionHead``); None (default): the network's head.
+        condition_lr: learning rate of that pooled condition head (default ``lr``).
     """
 
     def __init__(
@@ -144,6 +148,8 @@ class NeuralActuatorModule(L.LightningModule):
         physics_lr: float | None = None,
         uncertainty: bool = False,
         dynamics: str = "torque",
+        condition_head: dict[str, Any] | None = None,
+        condition_lr: float | None = None,
     ) -> None:
         super().__init__()
         self.platform: Platform = load_platform(platform)
@@ -155,6 +161,8 @@ class NeuralActuatorModule(L.LightningModule):
         self.model_config = resolve_model_config(arch, window_length, width, depth, model_sizes)
         if uncertainty:
             self.model_config["uncertainty"] = True
+        if condition_head is not None:  # checked when the actuator is built
+            self.model_config["condition_head"] = dict(condition_head)
         self.model_config.update(dynamics_config(dynamics, arch, self.model_config))
         self.model_config.update(firmware_config(self.platform, self.features,
                                                  self.model_config))
@@ -169,6 +177,8 @@ class NeuralActuatorModule(L.LightningModule):
                              f"{backbone_lr_scale!r}")
         if physics_lr is not None and not physics_lr > 0:
             raise ValueError(f"physics_lr must be > 0 (or None: lr), got {physics_lr!r}")
+        if condition_lr is not None and not condition_lr > 0:
+            raise ValueError(f"condition_lr must be > 0 (or None: lr), got {condition_lr!r}")
         if min(init_noise_q, init_noise_qd, state_noise_q, state_noise_qd) < 0:
             raise ValueError(
                 f"state noise must be >= 0, got init q {init_noise_q}, qd {init_noise_qd}, "
@@ -396,7 +406,7 @@ class NeuralActuatorModule(L.LightningModule):
         """AdamW parameter groups (:func:`nactuator.training.finetune.parameter_groups`)."""
         hp = self.hparams
         return parameter_groups(self.actuator, hp.lr, hp.get("backbone_lr_scale", 1.0),
-                                hp.get("physics_lr"))
+                                hp.get("physics_lr"), hp.get("condition_lr"))
 
     def configure_optimizers(self) -> dict:
         hp = self.hparams
