@@ -90,3 +90,30 @@ def patient_track_config(tmp_path: Path) -> Path:
     path = tmp_path / "patient_track.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+@pytest.fixture
+def world_follower():
+    """Open an STS3215 emulator running the hidden SO-101 world from joints ``q0``, holding
+    its pose (goal = present), for `track --port`: ``with world_follower(p, q0) as
+    (follower, arm, patient):`` — ``patient`` is the platform with 5 s reply timeouts (an
+    emulator in this process can take a few hundred ms to answer on a loaded machine).
+    The world advances one control step per telemetry read, so its motion does not depend
+    on the load; `patient_track_config` gives the wall-clock stop rule the time to see it."""
+    from contextlib import contextmanager
+
+    from nactuator.hardware.emulator import Emulator
+    from nactuator.hardware.emulator.world_arm import WorldArm
+    from nactuator.hardware.recorder import with_hardware
+
+    @contextmanager
+    def open_follower(platform, q0):
+        arm = WorldArm(platform, seed=2, q0=q0)
+        with Emulator("feetech", platform, seed=2, arm=arm,
+                      step_per_read=platform.control_dt) as follower:
+            for table in follower.tables.values():
+                table.set("Goal_Position", table.get("Present_Position"))
+            yield follower, arm, with_hardware(platform, rx_timeout_ms=5000.0,
+                                               reply_timeout_ms=5000.0)
+
+    return open_follower

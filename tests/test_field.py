@@ -162,7 +162,7 @@ def test_a_field_fitted_across_payloads_predicts_held_out_perturbations(sims) ->
 
 
 def test_a_loaded_observation_field_tracks_on_the_emulated_bus_ends_with_torque_off(
-        tmp_path, sims) -> None:
+        tmp_path, sims, world_follower, patient_track_config) -> None:
     """`track --method field` with a field that reads effort and lag, on the STS3215
     emulator running the hidden world: the bus's effort reaches the field, the arm moves
     along the reach, and torque is off after."""
@@ -170,10 +170,6 @@ def test_a_loaded_observation_field_tracks_on_the_emulated_bus_ends_with_torque_
 
     from nactuator.control.track import write_path
     from nactuator.control.track_run import fit_field_file, track
-    from nactuator.hardware.emulator import Emulator
-    from nactuator.hardware.emulator.world_arm import WorldArm
-    from nactuator.hardware.recorder import with_hardware
-
     p = load_platform("so101")
     out = tmp_path / "field.pt"
     fit_field_file(out, platform=p, poses=4, per_pose=4, payload_g=[0.0, 300.0], steps=200,
@@ -183,18 +179,14 @@ def test_a_loaded_observation_field_tracks_on_the_emulated_bus_ends_with_torque_
     d = np.array([0.02, 0.0, 0.02])
     path = write_path(tmp_path / "reach.csv", t,
                       np.clip(t / 0.9, 0, 1)[:, None] ** 2 * d)
-    arm = WorldArm(p, seed=2, q0=Q0)
-    with Emulator("feetech", p, seed=2, arm=arm, step_per_read=p.control_dt) as follower:
-        for table in follower.tables.values():
-            table.set("Goal_Position", table.get("Present_Position"))
+    with world_follower(p, Q0) as (follower, arm, patient):
         start_world = arm.world.ee_position()[0].copy()
-        patient = with_hardware(p, rx_timeout_ms=5000.0, reply_timeout_ms=5000.0)
         track(path, platform=patient, methods=("field",), field=out, port=follower.port,
-              relative=True, out=tmp_path / "run")
+              relative=True, out=tmp_path / "run", config=patient_track_config)
         assert [tb.get("Torque_Enable") for tb in follower.tables.values()] == [0] * 6
         end = arm.world.ee_position()[0]
     run = json.loads((tmp_path / "run" / "track.json").read_text())["runs"][0]
-    assert run["method"] == "field" and run["metrics"]["stop"] in ("settled", "timeout")
+    assert run["method"] == "field" and run["metrics"]["stop"] == "settled"
     assert np.linalg.norm(end - (start_world + d)) < 0.01, end - start_world
 
 

@@ -166,28 +166,17 @@ def test_a_bad_path_file_gives_one_clear_error(tmp_path) -> None:
     np.testing.assert_allclose(x, 1.0)
 
 
-def test_track_on_the_emulated_bus_ends_with_torque_off(tmp_path, so101,
+def test_track_on_the_emulated_bus_ends_with_torque_off(tmp_path, so101, world_follower,
                                                         patient_track_config) -> None:
     """`nactuator track --port` against the STS3215 emulator running the hidden world: the
     end-effector reaches the path (scored by the emulator's world) and torque is off after."""
     from nactuator.control.track_run import track
-    from nactuator.hardware.emulator import Emulator
-    from nactuator.hardware.emulator.world_arm import WorldArm
-    from nactuator.hardware.recorder import with_hardware
 
     p, sim = so101
     t, d = reach(np.zeros(3), np.array([0.02, 0.0, 0.02]), 1.5)
     path = write_path(tmp_path / "reach.csv", t, d)
-    arm = WorldArm(p, seed=2, q0=Q0)
-    # The world advances one control step per telemetry read: the same motion on a loaded
-    # machine as on an idle one.
-    with Emulator("feetech", p, seed=2, arm=arm, step_per_read=p.control_dt) as follower:
-        for table in follower.tables.values():
-            table.set("Goal_Position", table.get("Present_Position"))
+    with world_follower(p, Q0) as (follower, arm, patient):
         start_world = arm.world.ee_position()[0].copy()
-        # Patient replies (as tests/test_live.py): an emulator in this process can take a
-        # few hundred ms to answer on a loaded machine.
-        patient = with_hardware(p, rx_timeout_ms=5000.0, reply_timeout_ms=5000.0)
         report = track(path, platform=patient, methods=("kinematic",), port=follower.port,
                        relative=True, out=tmp_path / "out", config=patient_track_config)
         assert [tb.get("Torque_Enable") for tb in follower.tables.values()] == [0] * 6

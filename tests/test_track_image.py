@@ -203,29 +203,20 @@ def test_bad_pixel_paths_and_cameras_give_one_clear_error(tmp_path, view) -> Non
         track(bad, platform="so101", camera=other)
 
 
-def test_an_image_reach_on_the_emulated_bus_ends_with_torque_off(tmp_path, so101, view,
-                                                                 patient_track_config) -> None:
+def test_an_image_reach_on_the_emulated_bus_ends_with_torque_off(
+        tmp_path, so101, view, world_follower, patient_track_config) -> None:
     """`track --port --camera` with a relative pixel path against the STS3215 emulator
     running the hidden world: the observed point is rigid FK of the measured joints,
     projected; the emulator's own end-effector, projected by hand, moves by the path's
     pixel displacement, and torque is off after."""
-    from nactuator.hardware.emulator import Emulator
-    from nactuator.hardware.emulator.world_arm import WorldArm
-    from nactuator.hardware.recorder import with_hardware
-
     p, _ = so101
     q0, _ = load_track_config(p)
     t = np.arange(0.0, 1.51, 0.05)
     s = 0.5 - 0.5 * np.cos(np.pi * np.clip(t / 1.0, 0, 1))
     d = np.array([5.0, -4.0])
     path = write_pixel_path(tmp_path / "reach_px.csv", t, s[:, None] * d)
-    arm = WorldArm(p, seed=2, q0=q0)
-    # One control step of the world per telemetry read: the same motion on a loaded machine.
-    with Emulator("feetech", p, seed=2, arm=arm, step_per_read=p.control_dt) as follower:
-        for table in follower.tables.values():
-            table.set("Goal_Position", table.get("Present_Position"))
+    with world_follower(p, q0) as (follower, arm, patient):
         start = pinhole(view, arm.world.ee_position()[0])
-        patient = with_hardware(p, rx_timeout_ms=5000.0, reply_timeout_ms=5000.0)
         report = track(path, platform=patient, port=follower.port, camera=CAMERA,
                        relative=True, out=tmp_path / "out", config=patient_track_config)
         assert [tb.get("Torque_Enable") for tb in follower.tables.values()] == [0] * 6
