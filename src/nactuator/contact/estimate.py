@@ -301,11 +301,11 @@ def check_platform(path: str | os.PathLike, calib: ContactCalibration,
                         "(nactuator contact calibrate)")
 
 
-def check_calibration(path: str | os.PathLike, platform: Platform, model: str | os.PathLike,
-                      surfaces: LinkSurfaces) -> ContactCalibration:
-    """The calibration file ``path`` for ``model`` on ``platform``; a :class:`UserError`
-    naming the file and the field otherwise (``infer --contact`` and ``live --contact``)."""
-    calib = ContactCalibration.load(path)
+def check_calibration(path: str | os.PathLike, calib: ContactCalibration, platform: Platform,
+                      model: str | os.PathLike, surfaces: LinkSurfaces) -> ContactCalibration:
+    """``calib`` (read from ``path``) belongs to ``model`` on ``platform``; a
+    :class:`UserError` naming the file and the field otherwise (``infer --contact`` and
+    ``live --contact``)."""
     check_platform(path, calib, platform)
     sha = model_sha256(model)
     if sha != calib.model_sha256:
@@ -345,10 +345,11 @@ class ContactStream:
     def open(cls, path: str | os.PathLike, platform: Platform, model: str | os.PathLike
              ) -> ContactStream:
         """The stream of calibration file ``path``, checked against ``model``/``platform``."""
-        check_platform(path, ContactCalibration.load(path), platform)  # before the config
+        calib = ContactCalibration.load(path)
+        check_platform(path, calib, platform)  # before the platform's contact config is read
         cfg = load_contact_config(platform)
         surfaces = LinkSurfaces.build(platform, cfg)
-        calib = check_calibration(path, platform, model, surfaces)
+        check_calibration(path, calib, platform, model, surfaces)
         return cls(platform, calib, surfaces, float(cfg["friction"]))
 
     def residual(self, q: np.ndarray, qd: np.ndarray, tau: np.ndarray) -> np.ndarray:

@@ -103,7 +103,8 @@ def contact_columns(platform: Platform, episodes: Sequence[Episode],
     environment on robot); and summary lines (against contact labels where there are any)."""
     cfg = load_contact_config(platform)
     surf = LinkSurfaces.build(platform, cfg)
-    calib = check_calibration(calib_path, platform, ckpt, surf)
+    calib = check_calibration(calib_path, ContactCalibration.load(calib_path), platform, ckpt,
+                              surf)
     thr = np.asarray(calib.threshold)
     res = residuals(platform, episodes, preds, calib.tare_seconds)
     est = [estimate_frames(surf, np.asarray(ep.frames["q"], np.float64), r, thr,
