@@ -142,3 +142,31 @@ def test_contact_columns_round_trip_and_older_datasets_still_read(tmp_path):
     old = read_dataset(root)
     assert np.isnan(old.episodes[0].frames["contact_link"]).all()
     np.testing.assert_array_equal(old.episodes[0].frames["q"], ds.episodes[0].frames["q"])
+
+
+def test_batched_pyramid_fit_matches_scipy_nnls(so101):
+    """nnls_small (the surface search's batched solver) reaches scipy's NNLS optimum on
+    every point of a link, including links seen by too few joints (rank-deficient fits)."""
+    from scipy.optimize import nnls
+
+    from nactuator.contact.estimate import _pyramids, nnls_small
+
+    p, cfg, surf = so101
+    rng = np.random.default_rng(3)
+    for link in range(len(surf.names)):
+        q = rng.uniform(-1.0, 1.0, p.n)
+        pts, nrm, d = surf.world_points(q, link)
+        D = _pyramids(nrm, float(cfg["friction"]))
+        J = surf.point_jacobians(d, link, pts)
+        for i in (0, 77, 150):  # the batched Jacobians are MuJoCo's, point by point
+            np.testing.assert_allclose(J[i], surf.point_jacobian(d, link, pts[i]), atol=1e-12)
+        A = np.swapaxes(J, 1, 2) @ D
+        tau = rng.normal(0.0, 0.5, p.n)
+        x, res = nnls_small(A, tau, D)
+        ref = np.array([nnls(A[i], tau, maxiter=200)[1] for i in range(len(A))])
+        assert (x >= 0).all()
+        np.testing.assert_allclose(res, np.linalg.norm((A @ x[..., None])[..., 0] - tau, axis=1),
+                                   atol=1e-12)  # the residual reported is the fit's
+        # Optimal: never worse than scipy, and equal up to the tie tolerance (1e-6 |tau|).
+        assert (res <= ref + 1e-6 * np.linalg.norm(tau) + 1e-12).all()
+        assert (res >= ref - 1e-9).all()

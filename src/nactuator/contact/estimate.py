@@ -19,6 +19,7 @@ torque model and the tare rule. ``infer --contact`` runs it over recordings
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -26,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.optimize import nnls
 
 from nactuator.atomic import write_json
 from nactuator.errors import UserError
@@ -39,7 +39,7 @@ from .surface import LinkSurfaces, load_contact_config
 __all__ = ["CALIBRATION_FORMAT", "ContactCalibration", "ContactEstimate", "ContactStream",
            "calibrate_threshold", "check_calibration", "detect", "episode_residual",
            "estimate_frame", "estimate_frames", "external_torque", "isolate", "localise",
-           "model_sha256", "smoothed_velocity", "tare", "tare_frames", "tare_offset"]
+           "model_sha256", "nnls_small", "smoothed_velocity", "tare", "tare_frames", "tare_offset"]
 
 CALIBRATION_FORMAT = "nactuator-contact-calibration/1"
 # Frames at the start of a recording the residual is not trusted on: the model's window
@@ -70,7 +70,7 @@ def external_torque(dyn: ArmDynamics, q: np.ndarray, qd: np.ndarray, tau_motor: 
     trailing 5-frame mean and qdd its backward difference (:func:`smoothed_velocity`), so
     ``live`` computes each frame as ``infer`` does, with no look-ahead."""
     qd_s, qdd = smoothed_velocity(qd, dt)
-    with torch.no_grad():
+    with torch.inference_mode():  # no autograd bookkeeping: ~25 % of this call in `live`
         tau_id = dyn.inverse_dynamics(torch.as_tensor(np.asarray(q, np.float64)),
                                       torch.as_tensor(qd_s), torch.as_tensor(qdd)).numpy()
     return tau_id - tau_motor
@@ -211,33 +211,112 @@ class ContactEstimate:
     fit_residual: float  # |J^T f - tau_ext| [N m]
 
 
+# The non-empty subsets of a friction pyramid's 4 edges with at most 3 members: the pyramid
+# spans 3-D, so any force in it needs at most 3 edges (Caratheodory), and so does the best fit
+# (nnls_small). Their least-squares solutions are stacked as 4 singles, 6 pairs x 2 and
+# 4 triples x 3 = 28 numbers per point; _SCATTER puts each at its edge in the 14 x 4 grid of
+# candidates.
+_PAIRS = list(itertools.combinations(range(4), 2))
+_TRIPLES = np.array(list(itertools.combinations(range(4), 3)))
+_SUBSETS = [(i,) for i in range(4)] + _PAIRS + [tuple(t) for t in _TRIPLES]
+_SCATTER = np.zeros((28, len(_SUBSETS), 4))
+for _row, (_s, _i) in enumerate((s, i) for s, c in enumerate(_SUBSETS) for i in c):
+    _SCATTER[_row, _s, _i] = 1.0
+_SCATTER = _SCATTER.reshape(28, -1)
+_PAIR_I, _PAIR_J = np.array(_PAIRS).T
+
+
+def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a x b over the last axis of length 3, without np.cross's per-call axis handling
+    (which costs more than the arithmetic at the surface search's sizes)."""
+    a0, a1, a2 = a[..., 0], a[..., 1], a[..., 2]
+    b0, b1, b2 = b[..., 0], b[..., 1], b[..., 2]
+    return np.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
+
+
+def _subset_solutions(gram: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """(P, 28) least-squares solutions of every subset of :data:`_SUBSETS` from the normal
+    equations (gram (P, 4, 4), rhs (P, 4)), in closed form: 1 x 1, 2 x 2 and 3 x 3 (by the
+    adjugate). A singular subset gives inf or NaN, which the caller treats as infeasible."""
+    P = gram.shape[0]
+    diag = np.diagonal(gram, axis1=1, axis2=2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        single = rhs / diag
+        a, c, d = diag[:, _PAIR_I], gram[:, _PAIR_I, _PAIR_J], diag[:, _PAIR_J]
+        ri, rj = rhs[:, _PAIR_I], rhs[:, _PAIR_J]
+        det = a * d - c * c
+        pair = np.stack([(d * ri - c * rj) / det, (a * rj - c * ri) / det], axis=-1)
+        m = gram[:, _TRIPLES[:, :, None], _TRIPLES[:, None, :]]  # (P, 4, 3, 3)
+        r0, r1, r2 = m[..., 0, :], m[..., 1, :], m[..., 2, :]
+        c0, c1, c2 = _cross(r1, r2), _cross(r2, r0), _cross(r0, r1)
+        v = rhs[:, _TRIPLES]
+        triple = ((c0 * v[..., :1] + c1 * v[..., 1:2] + c2 * v[..., 2:])
+                  / (r0 * c0).sum(-1, keepdims=True))
+    return np.concatenate([single, pair.reshape(P, -1), triple.reshape(P, -1)], axis=1)
+
+
+def nnls_small(A: np.ndarray, b: np.ndarray, D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """min ||A x - b||, x >= 0, exactly, for a batch of pyramid fits: A (P, m, 4) = J^T D,
+    b (m,), D (P, 3, 4) the pyramid edges. Returns x (P, 4) and the residual norms (P,).
+
+    An active-set enumeration instead of P calls of ``scipy.optimize.nnls``: an optimum
+    exists whose non-zero entries are linearly independent columns of A (at most 3, since
+    A = J^T D has rank <= 3), and on those columns it is their least-squares solution. So
+    the best feasible least-squares fit over the 14 subsets of at most 3 edges (and x = 0) is
+    the optimum. Where several fit equally well (fewer joint equations than force axes), the
+    one with the smallest force ||D x|| is kept: the minimum-effort prior :func:`localise`
+    also applies across points."""
+    b = np.asarray(b, float)
+    P = A.shape[0]
+    At = np.swapaxes(A, 1, 2)
+    sol = _subset_solutions(At @ A, At @ b)  # (P, 28)
+    scale = max(float(np.linalg.norm(b)), 1e-12)
+    bad = ~(np.isfinite(sol) & (sol >= -1e-9 * scale))  # negative, or a singular subset
+    x = np.zeros((P, len(_SUBSETS) + 1, 4))  # candidate 0: x = 0
+    x[:, 1:] = (np.where(bad, 0.0, np.maximum(sol, 0.0)) @ _SCATTER).reshape(P, -1, 4)
+    infeasible = (bad @ _SCATTER).reshape(P, -1, 4).any(-1)
+    fit = x @ At - b  # (P, 15, m)
+    res = np.sqrt(np.einsum("psm,psm->ps", fit, fit))
+    res[:, 1:][infeasible] = np.inf
+    push = x @ np.swapaxes(D, 1, 2)  # (P, 15, 3)
+    force = np.sqrt(np.einsum("psi,psi->ps", push, push))
+    tied = res <= res.min(1, keepdims=True) + 1e-6 * scale
+    pick = np.argmin(np.where(tied, force, np.inf), axis=1)
+    rows = np.arange(P)
+    return x[rows, pick], res[rows, pick]
+
+
 def localise(surfaces: LinkSurfaces, q: np.ndarray, tau_ext: np.ndarray, joint: int,
              mu: float, tie_tolerance: float = 0.005) -> ContactEstimate:
     """The surface point and force that best explain ``tau_ext`` (n,) at ``q``.
 
     Candidate links: those moved last by ``joint`` (the isolated joint) or by the next one.
+    Every sampled point of the candidate links is fitted in one batch (:func:`nnls_small`).
     """
     links = [k for k, j in enumerate(surfaces.last_joint) if joint <= j <= joint + 1]
     if not links:  # the isolated joint is proximal to every contact link: try the first
         links = [0]
+    tau_ext = np.asarray(tau_ext, float)
     tol = tie_tolerance * max(float(np.linalg.norm(tau_ext)), 1e-12)
+    # Every candidate link's points in one batch (one call instead of one per link).
+    frames = surfaces.kinematics(q)
+    pts, nrm, _ = zip(*(surfaces.world_points(q, k, data=frames) for k in links), strict=True)
+    jac = [surfaces.point_jacobians(frames, k, p) for k, p in zip(links, pts, strict=True)]
+    D = _pyramids(np.concatenate(nrm), mu)  # (P, 3, 4)
+    lam, res = nnls_small(np.swapaxes(np.concatenate(jac), 1, 2) @ D, tau_ext, D)
+    force = (D @ lam[..., None])[..., 0]
     best: ContactEstimate | None = None
-    for k in links:  # proximal first: the next link only if this one cannot explain tau_ext
-        fits = []
-        pts, nrm, d = surfaces.world_points(q, k)
-        pyramids = _pyramids(nrm, mu)
-        for i in range(pts.shape[0]):
-            J = surfaces.point_jacobian(d, k, pts[i])
-            D = pyramids[i]
-            lam, res = nnls(J.T @ D, tau_ext, maxiter=50)
-            fits.append(ContactEstimate(k, surfaces.points[k][i].copy(), pts[i].copy(),
-                                        D @ lam, float(res)))
+    start = 0
+    for k, p in zip(links, pts, strict=True):  # proximal first: the next link only if this
+        at = slice(start, start + len(p))       # one cannot explain tau_ext
+        start = at.stop
         # Fewer joints than unknowns (3 force axes + 2 surface coordinates) leave many points
         # that explain tau_ext equally well: of those, the smallest force (a minimum-effort
         # prior).
-        low = min(f.fit_residual for f in fits)
-        near = [f for f in fits if f.fit_residual <= low + tol]
-        pick = min(near, key=lambda f: float(np.linalg.norm(f.force)))
+        near = res[at] <= res[at].min() + tol
+        i = int(np.argmin(np.where(near, np.linalg.norm(force[at], axis=1), np.inf)))
+        pick = ContactEstimate(k, surfaces.points[k][i].copy(), p[i].copy(),
+                               force[at][i].copy(), float(res[at][i]))
         if best is None or pick.fit_residual < best.fit_residual - tol:
             best = pick
         if best.fit_residual <= tol:

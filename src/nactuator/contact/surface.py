@@ -83,13 +83,20 @@ class LinkSurfaces:
             last.append(int(model.jnt_dofadr[model.body_jntadr[b]]))
         return cls(model, names, np.array(bodies), points, normals, np.array(last))
 
-    def world_points(self, q: np.ndarray, link: int, local: np.ndarray | None = None
-                     ) -> tuple[np.ndarray, np.ndarray, mujoco.MjData]:
-        """World positions and normals of a link's points (default: all its samples) at q."""
+    def kinematics(self, q: np.ndarray) -> mujoco.MjData:
+        """The nominal arm's body frames at q (what the point Jacobians read)."""
         d = mujoco.MjData(self.model)
         d.qpos[:] = q
         mujoco.mj_kinematics(self.model, d)
         mujoco.mj_comPos(self.model, d)
+        return d
+
+    def world_points(self, q: np.ndarray, link: int, local: np.ndarray | None = None,
+                     data: mujoco.MjData | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, mujoco.MjData]:
+        """World positions and normals of a link's points (default: all its samples) at q
+        (``data``: :meth:`kinematics` of that q, to share one across links)."""
+        d = self.kinematics(q) if data is None else data
         b = int(self.bodies[link])
         R = d.xmat[b].reshape(3, 3)
         pts = self.points[link] if local is None else np.atleast_2d(local)
@@ -100,3 +107,16 @@ class LinkSurfaces:
         jacp = np.zeros((3, self.model.nv))
         mujoco.mj_jac(self.model, d, jacp, None, p_world, int(self.bodies[link]))
         return jacp
+
+    def point_jacobians(self, d: mujoco.MjData, link: int, p_world: np.ndarray) -> np.ndarray:
+        """(P, 3, nv) position Jacobians of world points ``p_world`` (P, 3) fixed to the link:
+        one ``mj_jac`` at the body origin o, then column j at p is ``jacp_j(o) + jacr_j x
+        (p - o)`` (a rigid body's velocity field), so P points cost one MuJoCo call."""
+        b = int(self.bodies[link])
+        jacp = np.zeros((3, self.model.nv))
+        jacr = np.zeros((3, self.model.nv))
+        origin = d.xpos[b].copy()
+        mujoco.mj_jac(self.model, d, jacp, jacr, origin, b)
+        arm = np.atleast_2d(p_world) - origin  # (P, 3)
+        spin = np.cross(jacr.T[None, :, :], arm[:, None, :])  # (P, nv, 3)
+        return jacp[None] + np.swapaxes(spin, 1, 2)
