@@ -13,6 +13,14 @@ once. ``--check-poses`` scores each Jacobian against the world's own dx/du
 bench/jacobian.py does. ``--out`` writes field.json and field.png (target vs tracked, the
 first seed's fields).
 
+``--gains`` (default: conf/track's one gain): with more than one, each method (rigid FK
+once, each field per seed) first tracks ``--tune-path`` at ``--tune-payload-g`` at every
+gain and keeps the gain of lowest rms; the evaluation then runs at that gain. The picked
+gains and every tuning rms go into field.json (``tuning``) and the summary's gain column.
+``--all-gains`` also evaluates every method at every gain (field.json ``all_gains``), and
+the summary adds the oracle view: each method at the gain best for it on the evaluation
+path itself at ``--oracle-payload-g`` (tuned on the test: an upper bound).
+
     .venv/bin/python bench/field.py [--seeds 0 1] [--fit-payload-g 0 300] [--out DIR]
 
 ``--fit-steps``, ``--poses`` and ``--path`` exist for the smoke test
@@ -22,6 +30,7 @@ first seed's fields).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -73,15 +82,17 @@ def sign_gains(data: dict, priors: np.ndarray, joints: list[int]) -> str:
     return "\n".join(lines)
 
 
-def summary(rows: list[dict], labels: list[str], payloads: list[float], seeds: list[int]
-            ) -> str:
+def summary(rows: list[dict], labels: list[str], payloads: list[float], seeds: list[int],
+            gains: bool = False) -> str:
     """Per method and payload over the seeds: rms mean (min–max), the means of mean / max /
     final error, the longest settling, decision p50/p99 (median over seeds), and in how
-    many seeds the field's rms beat rigid FK's at that payload."""
+    many seeds the field's rms beat rigid FK's at that payload; ``gains``: a last column
+    with each seed's loop gain (rows' ``gain``, in seed order)."""
     out = [f"over seeds {seeds}: rms mean (min–max); mean, max, final: means over seeds",
            "| method | payload [g] | rms [mm] | mean [mm] | max [mm] | final [mm] | "
-           "settling max [s] | decide p50/p99 [ms] | rms < rigid FK |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "settling max [s] | decide p50/p99 [ms] | rms < rigid FK |"
+           + (" gain |" if gains else ""),
+           "|---|---|---|---|---|---|---|---|---|" + ("---|" if gains else "")]
     for g in payloads:
         fk = [r["rms_mm"] for r in rows if r["method"] == "kinematic" and r["payload_g"] == g]
         for label in labels:
@@ -98,7 +109,72 @@ def summary(rows: list[dict], labels: list[str], payloads: list[float], seeds: l
                        f"{v['mean_mm'].mean():.2f} | {v['max_mm'].mean():.2f} | "
                        f"{v['final_mm'].mean():.2f} | {settle} | "
                        f"{np.median(v['decide_p50_ms']):.1f}/{np.median(v['decide_p99_ms']):.1f}"
-                       f" | {wins} |")
+                       f" | {wins} |"
+                       + (" " + " ".join(f"{r['gain']:g}" for r in sel) + " |" if gains
+                          else ""))
+    return "\n".join(out)
+
+
+def pick_gains(runs: list[dict], payload_g: float) -> dict[tuple, float]:
+    """(method, seed) -> the gain of lowest rms among ``runs`` at ``payload_g`` (the first
+    such gain on ties)."""
+    best: dict[tuple, dict] = {}
+    for r in runs:
+        key = (r["method"], r["seed"])
+        if r["payload_g"] == payload_g and (key not in best
+                                            or r["rms_mm"] < best[key]["rms_mm"]):
+            best[key] = r
+    return {k: r["gain"] for k, r in best.items()}
+
+
+def tuning_table(tuning: list[dict], labels: list[str], gains: list[float]) -> str:
+    """Tuning rms per method and gain: mean (min–max) over the seeds, and how many seeds
+    picked that gain."""
+    picked = pick_gains(tuning, tuning[0]["payload_g"])
+    out = ["| tuning | " + " | ".join(f"gain {g:g}" for g in gains) + " |",
+           "|---|" + "---|" * len(gains)]
+    for label in labels:
+        cells = []
+        for g in gains:
+            v = np.array([r["rms_mm"] for r in tuning if r["method"] == label
+                          and r["gain"] == g])
+            n = sum(1 for (m, _), pg in picked.items() if m == label and pg == g)
+            cells.append("—" if not len(v) else f"{v.mean():.2f} ({v.min():.2f}–{v.max():.2f})"
+                         + (f" ×{n}" if n else ""))
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def gain_views(saved: dict, labels: list[str], payloads: list[float]) -> str:
+    """The tuning table, and (with ``all_gains``) the oracle view, of a field.json."""
+    out = []
+    tune = saved.get("tune")
+    if tune and saved.get("tuning"):
+        out += ["", f"tuning: {tune['path']} at {tune['payload_g']:g} g; rms [mm] mean "
+                "(min–max) over seeds, ×n: picked in n seeds",
+                tuning_table(saved["tuning"], labels, tune["gains"])]
+    if saved.get("all_gains"):
+        gains = saved["tune"]["gains"]
+        out += ["", "every gain on the evaluation path: rms [mm] mean (min–max) over seeds, "
+                "(n: seeds not settled)",
+                "| method | payload [g] | " + " | ".join(f"gain {g:g}" for g in gains) + " |",
+                "|---|---|" + "---|" * len(gains)]
+        for label in labels:
+            for pg in payloads:
+                cells = []
+                for g in gains:
+                    sel = [r for r in saved["all_gains"] if r["method"] == label
+                           and r["payload_g"] == pg and r["gain"] == g]
+                    v = np.array([r["rms_mm"] for r in sel])
+                    n = sum(r["stop"] != "settled" for r in sel)
+                    cells.append("—" if not sel else f"{v.mean():.2f} ({v.min():.2f}–"
+                                 f"{v.max():.2f})" + (f" ({n})" if n else ""))
+                out.append(f"| {label} | {pg:.0f} | " + " | ".join(cells) + " |")
+        g = saved["oracle_payload_g"]
+        picked = pick_gains(saved["all_gains"], g)
+        rows = [r for r in saved["all_gains"] if picked[(r["method"], r["seed"])] == r["gain"]]
+        out += ["", f"oracle: each method at its best gain on the evaluation path at {g:g} g "
+                "(tuned on the test)", summary(rows, labels, payloads, saved["seeds"], True)]
     return "\n".join(out)
 
 
@@ -119,6 +195,15 @@ def main(argv: list[str] | None = None) -> None:
                     help="score every J against the world's own dx/du at this many poses")
     ap.add_argument("--path", default=str(conf_dir() / "track" / "paths" / "so101_circle.csv"),
                     help="target path CSV (time, x, y, z)")
+    ap.add_argument("--gains", nargs="+", type=float, default=None,
+                    help="loop gains to tune over (default: conf/track's gain, no tuning)")
+    ap.add_argument("--tune-path",
+                    default=str(conf_dir() / "track" / "paths" / "so101_reach.csv"),
+                    help="path CSV the gain is tuned on (with more than one --gains)")
+    ap.add_argument("--tune-payload-g", type=float, default=300.0)
+    ap.add_argument("--all-gains", action="store_true",
+                    help="also evaluate every gain (the oracle view at --oracle-payload-g)")
+    ap.add_argument("--oracle-payload-g", type=float, default=200.0)
     ap.add_argument("--out", default=None, help="folder for field.json and field.png")
     ap.add_argument("--summarise", default=None, metavar="FIELD_JSON",
                     help="print the summary table of a saved field.json and stop")
@@ -127,7 +212,9 @@ def main(argv: list[str] | None = None) -> None:
         saved = json.loads(Path(a.summarise).read_text())
         labels = list(dict.fromkeys(r["method"] for r in saved["runs"]))
         payloads = list(dict.fromkeys(r["payload_g"] for r in saved["runs"]))
-        print(summary(saved["runs"], labels, payloads, saved["seeds"]))
+        gains = len(saved.get("tune", {}).get("gains", [])) > 1
+        print(summary(saved["runs"], labels, payloads, saved["seeds"], gains))
+        print(gain_views(saved, labels, payloads))
         return
     torch.set_num_threads(1)
     p = load_platform("so101")
@@ -137,15 +224,40 @@ def main(argv: list[str] | None = None) -> None:
     sim = Simulator(p)
     pts = Points.end_effector(sim.kinematics)
     times, path = read_path(a.path)
-    fits, rows, checks, plotted = [], [], [], []
+    gains = a.gains or [s.gain]
+    tuned = len(gains) > 1
+    tune_times, tune_path = read_path(a.tune_path) if tuned else (None, None)
+    fits, rows, checks, plotted, tuning, all_gains = [], [], [], [], [], []
 
-    def run(label: str, g: float, seed: int | None, field=None) -> None:
+    def track_once(label: str, g: float, seed: int | None, field, gain: float,
+                   t_path: tuple) -> tuple[dict, object]:
         plant = WorldPlant(p, pts, sim.kinematics, q0, payload_kg=g / 1000)
         tracker = Tracker("field" if field is not None else "kinematic", p, sim.kinematics,
-                          pts, s, field=field)
-        r = run_tracking(plant, tracker, times, path)
-        m = r.metrics()
-        rows.append({"method": label, "payload_g": g, "seed": seed, **m})
+                          pts, dataclasses.replace(s, gain=gain), field=field)
+        r = run_tracking(plant, tracker, *t_path)
+        return {"method": label, "payload_g": g, "seed": seed, "gain": gain,
+                **r.metrics()}, r
+
+    def tune(label: str, seed: int | None, field=None) -> float:
+        """The gain of lowest rms on the tuning path at the tuning payload."""
+        if not tuned:
+            return gains[0]
+        for gain in gains:
+            m, _ = track_once(label, a.tune_payload_g, seed, field, gain,
+                              (tune_times, tune_path))
+            tuning.append(m)
+            print(f"tune {label} seed {'—' if seed is None else seed} gain {gain:g}: "
+                  f"{m['rms_mm']:.2f} mm rms, {m['max_mm']:.2f} max, {m['stop']}", flush=True)
+        return pick_gains(tuning, a.tune_payload_g)[(label, seed)]
+
+    def run(label: str, g: float, seed: int | None, field=None, gain: float = 0.6) -> None:
+        evaluated = {}
+        for other in (gains if a.all_gains else [gain]):
+            evaluated[other] = track_once(label, g, seed, field, other, (times, path))
+            if a.all_gains:
+                all_gains.append(evaluated[other][0])
+        m, r = evaluated[gain]
+        rows.append(m)
         if seed in (None, a.seeds[0]):
             plotted.append((label, g, r))
         print(f"| {label} | {'—' if seed is None else seed} | {g:.0f} | {m['rms_mm']:.2f} | "
@@ -201,13 +313,21 @@ def main(argv: list[str] | None = None) -> None:
     print("| method | seed | payload [g] | rms [mm] | mean [mm] | max [mm] | final [mm] | "
           "settling [s] | decide p50/p99 [ms] | rate [Hz] | stop |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+    picked = {("kinematic", None): tune("kinematic", None)}
+    for (v, seed), field in fields.items():
+        picked[(f"field {v}", seed)] = tune(f"field {v}", seed, field)
     for g in a.payload_g:
-        run("kinematic", g, None)
+        run("kinematic", g, None, gain=picked[("kinematic", None)])
         for (v, seed), field in fields.items():
-            run(f"field {v}", g, seed, field)
+            run(f"field {v}", g, seed, field, picked[(f"field {v}", seed)])
     labels = ["kinematic"] + [f"field {v}" for v in a.variants]
+    saved = {"seeds": a.seeds, "tuning": tuning, "all_gains": all_gains,
+             "oracle_payload_g": a.oracle_payload_g,
+             "tune": {"path": a.tune_path, "payload_g": a.tune_payload_g, "gains": gains}
+             if tuned else {"gains": gains}}
     print()
-    print(summary(rows, labels, a.payload_g, a.seeds))
+    print(summary(rows, labels, a.payload_g, a.seeds, tuned))
+    print(gain_views(saved, labels, a.payload_g))
     if checks:
         print(f"\n||J − J_world|| / ||J_world|| at {a.check_poses} poses (mean over poses and "
               "seeds; ||J|| / ||J_world|| in brackets)")
@@ -222,11 +342,14 @@ def main(argv: list[str] | None = None) -> None:
             print(f"| {label} | " + " | ".join(cells) + " |")
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
+        keep = ("method", "payload_g", "seed", "gain", "stop", *KEYS)
+        saved.update(tuning=[{k: r[k] for k in keep} for r in tuning],
+                     all_gains=[{k: r[k] for k in keep} for r in all_gains])
         (Path(a.out) / "field.json").write_text(json.dumps(
-            {"fit_payload_g": a.fit_payload_g, "seeds": a.seeds, "horizon": horizon,
-             "fits": fits,
-             "runs": [{k: r[k] for k in ("method", "payload_g", "seed", "stop", *KEYS)}
-                      for r in rows], "jacobian_check": checks}, indent=1))
+            {"fit_payload_g": a.fit_payload_g, "horizon": horizon, "fits": fits,
+             "runs": [{k: r[k] for k in keep} for r in rows], "jacobian_check": checks,
+             "picked_gains": [{"method": m, "seed": sd, "gain": gn}
+                              for (m, sd), gn in picked.items()], **saved}, indent=1))
         plot_runs(plotted, Path(a.out) / "field.png")
 
 

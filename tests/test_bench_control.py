@@ -58,6 +58,24 @@ def test_bench_field_runs_field_and_rigid_fk(tmp_path, capsys):
         assert row[2] == f"{rms:.2f} ({rms:.2f}–{rms:.2f})", row
         fk = saved["runs"][0]["rms_mm"]
         assert row[-1] == ("—" if label == "kinematic" else f"{int(rms < fk)}/1"), row
+    # --gains: each method tuned on a tuning path/payload, evaluated at the gain it picked.
+    bench_main("field")(["--poses", "2", "--per-pose", "3", "--fit-steps", "20",
+                         "--fit-payload-g", "0", "--payload-g", "200", "--variants", "q",
+                         "--gains", "0.3", "0.6", "--tune-path", str(short),
+                         "--tune-payload-g", "100", "--path", str(short),
+                         "--out", str(tmp_path / "gains")])
+    capsys.readouterr()
+    saved = json.loads((tmp_path / "gains" / "field.json").read_text())
+    assert saved["tune"]["gains"] == [0.3, 0.6] and len(saved["tuning"]) == 4
+    for pick in saved["picked_gains"]:
+        tuned = {r["gain"]: r["rms_mm"] for r in saved["tuning"]
+                 if r["method"] == pick["method"] and r["seed"] == pick["seed"]}
+        assert pick["gain"] in (0.3, 0.6) and tuned[pick["gain"]] == min(tuned.values())
+        (run,) = [r for r in saved["runs"] if r["method"] == pick["method"]]
+        assert run["gain"] == pick["gain"] and math.isfinite(run["rms_mm"])
+    bench_main("field")(["--summarise", str(tmp_path / "gains" / "field.json")])
+    (row,) = [r for r in table_rows(capsys.readouterr().out, "kinematic") if len(r) == 10]
+    assert row[-1] == f"{saved['picked_gains'][0]['gain']:g}", row
 
 
 def test_bench_jacobian_scores_kinematic_and_model(tmp_path, capsys):
