@@ -324,12 +324,16 @@ def _finish(actuator_out: Mapping[str, torch.Tensor], outs: dict[str, list[torch
 
 
 def _advance(step: StepFn, q: torch.Tensor, qd: torch.Tensor, tau: torch.Tensor,
-             out: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The next state: the simulator's step under the torque, or a next-state model's own
+             out: Mapping[str, torch.Tensor], tau_ext: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next state: the simulator's step under the torque (plus ``tau_ext``, the joint
+    torque of labelled external forces, when given), or a next-state model's own
     prediction (``dq``, ``dqd`` in its outputs: the model replaces the simulator)."""
     if "dq" in out:
         return q + out["dq"], qd + out["dqd"]
-    return step(q, qd, tau)
+    if tau_ext is None:
+        return step(q, qd, tau)
+    return step(q, qd, tau, tau_ext=tau_ext)
 
 
 def teacher_forced_rollout(actuator, block: Mapping[str, torch.Tensor], window_length: int,
@@ -373,13 +377,15 @@ def teacher_forced_rollout(actuator, block: Mapping[str, torch.Tensor], window_l
 def closed_loop_rollout(actuator: ActuatorFn, step: StepFn, block: Mapping[str, torch.Tensor],
                         window_length: int, steps: int | None = None,
                         q0: torch.Tensor | None = None,
-                        qd0: torch.Tensor | None = None) -> Rollout:
+                        qd0: torch.Tensor | None = None,
+                        tau_ext: torch.Tensor | None = None) -> Rollout:
     """Roll ``steps`` control steps from the block's start frame (see the module docstring).
 
     ``block`` holds ``q`` and ``qd`` (B, L − 1 + T, n), the recorded channels the actuator
     reads, and optionally ``pad`` (B, L − 1 + T). ``steps`` defaults to T − 1. ``q0``/``qd0``
     (B, n) replace the recorded start state (noise in training; qd = 0 in the evaluation
-    protocol).
+    protocol). ``tau_ext`` (B, ≥ steps, n): a known external joint torque added to step i's
+    simulator step (``step(q, qd, tau, tau_ext=...)``), e.g. of labelled contacts.
 
     An actuator that splits into a per-frame token function and a window network
     (``frame_wise`` true, ``frame_tokens(frames)`` on (B, T, n) channels -> (B, T, d),
@@ -392,7 +398,7 @@ def closed_loop_rollout(actuator: ActuatorFn, step: StepFn, block: Mapping[str, 
     """
     if not getattr(actuator, "frame_wise", False):
         return closed_loop_rollout_stepwise(actuator, step, block, window_length, steps,
-                                            q0, qd0)
+                                            q0, qd0, tau_ext)
     before, steps = _check_steps(block, window_length, steps)
     recorded = [k for k in RECORDED_KEYS if k in block]
     start = before  # the start frame's index in the block
@@ -410,7 +416,7 @@ def closed_loop_rollout(actuator: ActuatorFn, step: StepFn, block: Mapping[str, 
     for i in range(steps):
         out = actuator.forward_tokens(torch.stack(tokens[i : i + window_length], dim=1))
         tau = _finish(out, outs, i)
-        q, qd = _advance(step, q, qd, tau, out)
+        q, qd = _advance(step, q, qd, tau, out, None if tau_ext is None else tau_ext[:, i])
         qs.append(q)
         qds.append(qd)
         if i + 1 < steps:  # the token of the frame the next window ends on
@@ -427,7 +433,8 @@ def closed_loop_rollout(actuator: ActuatorFn, step: StepFn, block: Mapping[str, 
 def closed_loop_rollout_stepwise(actuator: ActuatorFn, step: StepFn,
                                  block: Mapping[str, torch.Tensor], window_length: int,
                                  steps: int | None = None, q0: torch.Tensor | None = None,
-                                 qd0: torch.Tensor | None = None) -> Rollout:
+                                 qd0: torch.Tensor | None = None,
+                                 tau_ext: torch.Tensor | None = None) -> Rollout:
     """:func:`closed_loop_rollout` for any actuator callable: every step slices the L
     frames of every channel into a window and calls ``actuator(window)``. The definition
     the frame-wise path is checked against (tests/test_rollout_fused.py), and the
@@ -445,7 +452,8 @@ def closed_loop_rollout_stepwise(actuator: ActuatorFn, step: StepFn,
             window["pad"] = block["pad"][:, i : i + window_length]
         out = actuator(window)
         tau = _finish(out, outs, i)
-        q_next, qd_next = _advance(step, qs[-1], qds[-1], tau, out)
+        q_next, qd_next = _advance(step, qs[-1], qds[-1], tau, out,
+                                   None if tau_ext is None else tau_ext[:, i])
         qs.append(q_next)
         qds.append(qd_next)
     stacked = {k: torch.stack(v, dim=1) for k, v in outs.items()}

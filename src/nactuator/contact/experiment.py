@@ -148,12 +148,15 @@ def model_torque(ckpt: str, data: dict) -> np.ndarray:
     return np.stack([o["tau"] for o in causal_outputs(actuator, recs)], 1)
 
 
-def write_dataset(data: dict, root: str | Path, folds: int = 5, fold: int | None = None) -> Path:
+def write_dataset(data: dict, root: str | Path, folds: int = 5, fold: int | None = None,
+                  presses: bool = False) -> Path:
     """The runs as a nactuator dataset with per-frame contact labels (docs/contact.md).
 
     Tasks ``contact_press`` and ``no_contact`` (the twins: ``ee_force`` labelled 0 N). With
     ``fold`` only the twins, that fold's held-out ones in split test and the rest in train
-    (what ``nactuator adapt`` fine-tunes on: the user's contact-free calibration runs).
+    (what ``nactuator adapt`` fine-tunes on: the user's contact-free calibration runs);
+    ``presses`` adds the presses the same way (labelled presses to train a motor torque on:
+    ``model.external_torque``).
     """
     p = load_platform(data["platform"])
     pairs = data["link"].size
@@ -163,7 +166,7 @@ def write_dataset(data: dict, root: str | Path, folds: int = 5, fold: int | None
             "pairs": int(pairs), "folds": folds, "fold": fold, "seed": int(data["seed"])}}) as w:
         for e in range(2 * pairs):
             pair, press = e % pairs, e < pairs
-            if fold is not None and press:
+            if fold is not None and press and not presses:
                 continue
             frames = {k: data["logs"][k][:, e] for k in RECORDED}
             frames["payload_mass"] = np.zeros(T)
@@ -185,6 +188,20 @@ def write_dataset(data: dict, root: str | Path, folds: int = 5, fold: int | None
     return Path(root)
 
 
+def labelled_joint_torque(data: dict, surf: LinkSurfaces) -> np.ndarray:
+    """(T, pairs, n) the joint torque J_p(q)^T f of every press run's labelled contact at
+    its recorded pose (0 where no press): what a labelled press tells a torque model."""
+    logs = data["logs"]
+    T, pairs = data["force"].shape[:2]
+    out = np.zeros((T, pairs, logs["q"].shape[2]))
+    links = [int(np.flatnonzero(surf.bodies == b)[0]) for b in data["bodies"]]
+    for e in range(pairs):
+        for t in np.flatnonzero(np.abs(data["force"][:, e]).sum(1) > 0):
+            pts, _, d = surf.world_points(logs["q"][t, e], links[e], local=data["local"][e])
+            out[t, e] = surf.point_jacobian(d, links[e], pts[0]).T @ data["force"][t, e]
+    return out
+
+
 def evaluate(data: dict, folds: int = 5, models: dict[str, str] | None = None) -> dict:
     p = load_platform(data["platform"])
     cfg = load_contact_config(p)
@@ -200,6 +217,7 @@ def evaluate(data: dict, folds: int = 5, models: dict[str, str] | None = None) -
     models = models or {}
     # A model shared by every fold runs once; a per-fold one ({fold} in its path) per fold.
     learned = {nm: model_torque(path, data) for nm, path in models.items() if "{fold}" not in path}
+    press_torque = labelled_joint_torque(data, surf)  # (T, pairs, n)
     fold_of = np.arange(pairs) % folds
     mag = np.linalg.norm(data["force"], axis=2)  # (T, pairs)
     q_quant, margin = float(cfg["threshold_quantile"]), float(cfg["threshold_margin"])
@@ -213,10 +231,19 @@ def evaluate(data: dict, folds: int = 5, models: dict[str, str] | None = None) -
         u = logs[signal][:, twins_train].reshape(-1, p.n)
         y = tau_id[:, twins_train].reshape(-1, p.n)
         coef = [np.polyfit(u[:, j], y[:, j], 1) for j in range(p.n)]
+        # The same fit given what a motor-torque model trained with model.external_torque
+        # is given: the training presses too, with their labelled contact's joint torque
+        # taken out of the target (ID = motor + external).
+        u_all = logs[signal][:, np.concatenate([train, twins_train])].reshape(-1, p.n)
+        y_all = np.concatenate([tau_id[:, train] - press_torque[:, train],
+                                tau_id[:, twins_train]], axis=1).reshape(-1, p.n)
+        coef_all = [np.polyfit(u_all[:, j], y_all[:, j], 1) for j in range(p.n)]
         sources = {
             "oracle": logs["torque_true"],
             "current_id": np.stack([np.polyval(coef[j], logs[signal][..., j])
                                     for j in range(p.n)], -1),
+            "current_id_presses": np.stack([np.polyval(coef_all[j], logs[signal][..., j])
+                                            for j in range(p.n)], -1),
         }
         for nm, path in models.items():
             sources[nm] = (learned[nm] if nm in learned
@@ -356,6 +383,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dataset", default=None, metavar="DIR",
                     help="also write the runs as a dataset with contact labels (DIR/all) and "
                          "each fold's twins (DIR/fold_K: train = its training twins)")
+    ap.add_argument("--dataset-presses", action="store_true",
+                    help="with --dataset: DIR/fold_K also holds that fold's presses (train: "
+                         "its training presses; test: its held-out ones), for a model trained "
+                         "with the contacts' joint torque in the simulator "
+                         "(conf/contact/adapt_motor.yaml)")
     ap.add_argument("--reuse", action="store_true",
                     help="reuse OUT/runs.npz from an earlier call with the same world arguments")
     a = ap.parse_args(argv)
@@ -372,7 +404,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.dataset:
         write_dataset(data, Path(a.dataset) / "all", a.folds)
         for f in range(a.folds):
-            write_dataset(data, Path(a.dataset) / f"fold_{f}", a.folds, fold=f)
+            write_dataset(data, Path(a.dataset) / f"fold_{f}", a.folds, fold=f,
+                          presses=a.dataset_presses)
     summary = evaluate(data, a.folds, models)
     write_json(out / "summary.json", summary)
     _plot(summary, out / "contact.png")

@@ -64,8 +64,16 @@ _CHANNELS = (
     ("condition", "n"),
     ("condition_valid", "n"),
     ("payload_mass", "1"),
+    # Labelled contacts anywhere on the arm (issue 23; NaN-free: body -1 = none): the
+    # robot-MJCF body index, the point in its frame [m] and the force [N, base frame], for a
+    # model trained with the contact's joint torque in the simulator step
+    # (``model.external_torque``).
+    ("contact_link", "1"),
+    ("contact_point", "3"),
+    ("contact_force", "3"),
     ("pad", "1"),
 )
+_CONTACT_KEYS = ("contact_link", "contact_point", "contact_force")
 _BOOL_KEYS = ("force_valid", "condition_valid", "pad")
 _MODEL_INPUTS = (*REQUIRED_KEYS, *COMMAND_KEYS,
                  *EXOGENOUS_KEYS)
@@ -343,6 +351,11 @@ class NADDataModule(L.LightningDataModule):
         frames = {k: np.concatenate([f[k] for f in parts]) for k in
                   (*REQUIRED_KEYS, "force", "condition", "payload_mass", *COMMAND_KEYS,
                    *EXOGENOUS_KEYS, *pooled)}
+        widths_of = {"contact_link": (), "contact_point": (3,), "contact_force": (3,)}
+        for k in _CONTACT_KEYS:  # optional: unlabelled files have none (NaN: no contact)
+            frames[k] = np.concatenate([
+                np.asarray(f[k], np.float64).reshape(len(f["q"]), *widths_of[k]) if k in f
+                else np.full((len(f["q"]), *widths_of[k]), np.nan) for f in parts])
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
 
         force_linear = self._linear_force(episodes, parts, frames, starts, lengths)
@@ -390,10 +403,14 @@ class NADDataModule(L.LightningDataModule):
             "condition": np.nan_to_num(cond, nan=0.0),
             "condition_valid": cond_valid.astype(np.float32),
             "payload_mass": np.nan_to_num(payload, nan=0.0),
+            "contact_link": np.nan_to_num(frames["contact_link"], nan=-1.0).reshape(-1, 1),
+            "contact_point": np.nan_to_num(frames["contact_point"], nan=0.0),
+            "contact_force": np.nan_to_num(frames["contact_force"], nan=0.0),
         }
         for key, v in values.items():
             packed[real, self._slices[key]] = v
         packed[pad_rows, self._slices["pad"]] = 1.0
+        packed[pad_rows, self._slices["contact_link"]] = -1.0  # no body
 
         row_episode = np.full(total, -1, dtype=np.int64)
         row_first = np.zeros(total, dtype=np.int64)
@@ -532,7 +549,7 @@ class NADDataModule(L.LightningDataModule):
         out: dict[str, torch.Tensor] = {}
         for key, _ in self._channels:
             v = block[..., self._slices[key]]
-            if key in ("force_valid", "payload_mass", "pad"):
+            if key in ("force_valid", "payload_mass", "pad", "contact_link"):
                 v = v[..., 0]
             out[key] = v > 0.5 if key in _BOOL_KEYS else v
         if self._row_mask is not None:

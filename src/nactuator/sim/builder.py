@@ -143,6 +143,11 @@ def build_newton_model(platform: Platform, batch: int, device: str) -> newton.Mo
     return scene.finalize(device=device, requires_grad=True)
 
 
+def body_name(model: newton.Model, index: int) -> str:
+    """The MJCF name of the first replica's body ``index``."""
+    return _leaf(model.body_label[index])
+
+
 def body_index(model: newton.Model, name: str) -> int:
     """Index of the first replica's body whose MJCF name is ``name``."""
     names = [_leaf(k) for k in model.body_label]

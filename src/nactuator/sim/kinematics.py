@@ -173,6 +173,27 @@ class ChainKinematics(torch.nn.Module):
                 cols.append(a)
         return torch.stack(cols, -1)
 
+    def point_torque(self, q: torch.Tensor, body: torch.Tensor, point: torch.Tensor,
+                     force: torch.Tensor) -> torch.Tensor:
+        """Joint torques ``J_p(q)^T f`` (B, n) of a force ``force`` (B, 3) [N, base frame]
+        at ``point`` (B, 3) [m, in the frame of chain body ``body`` (B,) (long; -1: no
+        force, a zero row)]: what a contact anywhere on the arm does to the joints."""
+        f = self.frames(q)
+        rows = torch.arange(q.shape[0], device=q.device)
+        b = body.clamp(min=0)
+        rot, pos = f["body_rot"][rows, b], f["body_pos"][rows, b]
+        p = pos + (rot @ point.to(q.dtype)[..., None])[..., 0]
+        force = force.to(q.dtype)
+        moves = torch.tensor([[j in self._ancestors(k) for j in range(self.n)]
+                              for k in range(self.n)], device=q.device)[b] & (body >= 0)[:, None]
+        cols = []
+        for j in range(self.n):
+            a = f["joint_axis"][:, j]
+            lever = (torch.linalg.cross(a, p - f["joint_pos"][:, j])
+                     if self.kinds[j] == "revolute" else a)
+            cols.append((lever * force).sum(-1))
+        return torch.stack(cols, -1) * moves
+
     def _com_world(self, f: dict[str, torch.Tensor]) -> torch.Tensor:
         com = self.body_com.to(f["body_pos"].device, f["body_pos"].dtype)
         return f["body_pos"] + (f["body_rot"] @ com[None, :, :, None])[..., 0]

@@ -29,6 +29,7 @@ from nactuator.sim.builder import (
     ENGINES,
     SimSetupError,
     body_index,
+    body_name,
     build_newton_model,
     joint_arrays,
     sim_settings,
@@ -110,6 +111,7 @@ class Simulator:
             ee_body=body_index(reference, platform.end_effector.body),
             ee_offset=platform.end_effector.offset,
         )
+        self._body_names = [body_name(reference, k) for k in range(platform.n)]
         self.stability = check_stability(platform, kinematics, self.settings)
         self.kinematics = kinematics.to(self.device)
         self.engine, geometry = self._choose_engine(engine, arrays, gradient_fix)
@@ -201,13 +203,16 @@ class Simulator:
 
     # -- Contract 3 ---------------------------------------------------------------------
     def step(self, q: torch.Tensor, qd: torch.Tensor, tau: torch.Tensor,
-             f_ext: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             f_ext: torch.Tensor | None = None, tau_ext: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         """One control step (``platform.substeps`` substeps) -> (q1, qd1), each (B, n).
 
         ``tau`` is clipped to the platform's torque bounds (zero gradient where clipped);
         ``f_ext`` (B, 3) [N, base frame, on the end-effector point] is added as
-        ``J_v(q)^T f``; the returned ``qd1`` is clipped to ``±platform.velocity_limit``
-        (zero gradient through a clipped component)."""
+        ``J_v(q)^T f``, and ``tau_ext`` (B, n) [N m] (the joint torque of external forces
+        elsewhere, e.g. :meth:`ChainKinematics.point_torque`) as it is, after the clip:
+        the environment is not bound by the motors' limits; the returned ``qd1`` is clipped
+        to ``±platform.velocity_limit`` (zero gradient through a clipped component)."""
         n = self.n
         batch = self._batch_of(q)
         what = f"(B, {n}) = ({batch}, {n})"
@@ -220,6 +225,10 @@ class Simulator:
             self._check("f_ext", f_ext, (batch, 3), f"(B, 3) = ({batch}, 3)")
             self._check_finite(q=q, qd=qd, tau=tau, f_ext=f_ext)
         torque = torch.clamp(tau, self.torque_min, self.torque_max)
+        if tau_ext is not None:
+            self._check("tau_ext", tau_ext, (batch, n), what)
+            self._check_finite(tau_ext=tau_ext)
+            torque = torque + tau_ext
         if f_ext is not None:
             torque = torque + torch.einsum("bkn,bk->bn", self.kinematics.ee_jacobian(q), f_ext)
         q1, qd1 = _StepFunction.apply(self._engine(batch), self._stream_scope, torque, q, qd)
@@ -250,6 +259,22 @@ class Simulator:
 
     # The name before "rollout" meant only the model in the loop (Contract 3 documented it).
     rollout = replay
+
+    def chain_bodies(self, mjcf_body: torch.Tensor) -> torch.Tensor:
+        """Chain body indices (-1: none) of body indices in the platform's robot MJCF (as
+        a dataset's ``contact_link`` stores them; NaN or negative: none), matched by name."""
+        import mujoco  # only here: the MJCF's own body numbering
+
+        if not hasattr(self, "_mjcf_to_chain"):
+            model = mujoco.MjModel.from_xml_path(str(self.platform.robot_model_path()))
+            names = [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, k)
+                     for k in range(model.nbody)]
+            self._mjcf_to_chain = torch.tensor(
+                [self._body_names.index(nm) if nm in self._body_names else -1 for nm in names])
+        ids = torch.nan_to_num(mjcf_body.to(torch.float64), nan=-1.0).round().long()
+        known = (ids >= 0) & (ids < self._mjcf_to_chain.numel())
+        table = self._mjcf_to_chain.to(ids.device)
+        return torch.where(known, table[ids.clamp(0, table.numel() - 1)], -1)
 
     def ee_position(self, q: torch.Tensor) -> torch.Tensor:
         """End-effector point (platform ``end_effector``) in the base frame, (B, 3) [m]."""

@@ -119,6 +119,12 @@ class NeuralActuatorModule(L.LightningModule):
             pooled statistics alone (feature group ``pooled``, ``data.pool_frames``;
             ``models.heads.PooledConditionHead``); None (default): the network's head.
         condition_lr: learning rate of that pooled condition head (default ``lr``).
+        external_torque: apply the labelled contacts of the data (``contact_link``,
+            ``contact_point``, ``contact_force``; docs/contact.md) in every training
+            rollout's simulator step as their joint torque ``J_p(q)^T f`` at the recorded
+            pose, so that ``tau`` learns the motor's torque alone instead of the net torque
+            that reproduces the motion (issue 23: the learned residual ``ID - tau`` then
+            holds the contact). Off by default (SPEC: the net torque).
     """
 
     def __init__(
@@ -150,6 +156,7 @@ class NeuralActuatorModule(L.LightningModule):
         dynamics: str = "torque",
         condition_head: dict[str, Any] | None = None,
         condition_lr: float | None = None,
+        external_torque: bool = False,
     ) -> None:
         super().__init__()
         self.platform: Platform = load_platform(platform)
@@ -297,12 +304,33 @@ class NeuralActuatorModule(L.LightningModule):
         step = self.simulator.step
         sigma_q, sigma_qd = self.hparams.state_noise_q, self.hparams.state_noise_qd
         if noise and (sigma_q > 0 or sigma_qd > 0):
-            def step(q, qd, tau, _step=self.simulator.step):
-                q1, qd1 = _step(q, qd, tau)
+            def step(q, qd, tau, _step=self.simulator.step, **external):
+                q1, qd1 = _step(q, qd, tau, **external)
                 return (q1 + sigma_q * torch.randn_like(q1),
                         qd1 + sigma_qd * torch.randn_like(qd1))
         return closed_loop_rollout(self.actuator, step, batch, self.window_length,
-                                   q0=q0, qd0=qd0)
+                                   q0=q0, qd0=qd0, tau_ext=self.contact_torque(batch))
+
+    def contact_torque(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """With ``external_torque``: the joint torque (B, T, n) of the batch's labelled
+        contacts from its start frame on, at the recorded pose (no gradient: it is data);
+        None otherwise or when the batch has no contact."""
+        if not self.hparams.get("external_torque", False) or "contact_link" not in batch:
+            return None
+        start = self.window_length - 1
+        link = batch["contact_link"][:, start:]
+        if not (link >= 0).any():
+            return None
+        sim = self.simulator
+        B, T = link.shape
+        with torch.no_grad():
+            body = sim.chain_bodies(link.reshape(-1)).to(link.device)
+            q = batch["q"][:, start:].reshape(B * T, -1).to(torch.float64)
+            tau = sim.kinematics.point_torque(
+                q.to(sim.device), body.to(sim.device),
+                batch["contact_point"][:, start:].reshape(B * T, 3).to(sim.device),
+                batch["contact_force"][:, start:].reshape(B * T, 3).to(sim.device))
+        return tau.reshape(B, T, -1).to(batch["q"].dtype).to(batch["q"].device)
 
     def silhouette_renderer(self, camera_file: Any, device: torch.device) -> Any:
         """``q (K, n) -> soft silhouettes (K, h, w)`` through the camera in ``camera_file``
