@@ -74,8 +74,11 @@ for line in sys.stdin:
     outcome = "returned"
     try:
         if job["command"] == "record":
+            # The telemetry quality gate (tests/test_recorder.py) is not what these
+            # tests are about, and a loaded machine fails it (12 ms reads): off here; the
+            # tests assert the fraction of valid frames themselves.
             print(record(platform, job["leader"], job["follower"], "ctrl_c", seconds=30.0,
-                         out=job["out"], progress=False))
+                         out=job["out"], progress=False, min_valid_fraction=0.0))
         else:
             print(run_live(job["ckpt"], platform, job["follower"], out=job["out"],
                            contact=job.get("contact")))
