@@ -56,6 +56,19 @@ def load_config(path: Path) -> dict[str, Any]:
     return cfg
 
 
+def set_key(section: dict[str, Any], item: str) -> None:
+    """``KEY=VALUE`` (``--set``): ``section[k1][k2]... = yaml(VALUE)``, mappings made on the way."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. model.loss.w_force=120")
+    *path, last = key.split(".")
+    for k in path:
+        section = section.setdefault(k, {})
+        if not isinstance(section, dict):
+            raise UserError(f"--set {item!r}: {k!r} is not a mapping in the recipe")
+    section[last] = yaml.safe_load(value)
+
+
 def tasks_for(weights: list[int], cfg: dict[str, Any]) -> list[str]:
     """The tasks recorded with these weights: each weight's tasks, then the empty gripper."""
     return [t.format(g=g) for g in weights for t in cfg["weight_tasks"]] + [cfg["empty_task"]]
@@ -207,6 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-seconds", type=float, help="replaces the config's run length")
     ap.add_argument("--trajectories-per-task", type=int)
     ap.add_argument("--steps", type=int, help="fixed optimiser steps (tests), not scaled")
+    ap.add_argument("--adapt-config", metavar="YAML",
+                    help="replaces the protocol's adapt config (its `train` section is the "
+                         "fine-tuning recipe; the steps stay the protocol's)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="sets one key of the recipe's `train` section (a YAML value), e.g. "
+                         "model.loss.w_force=120; repeatable")
+    ap.add_argument("--no-scratch", action="store_true",
+                    help="adapted from the shipped bundle only (no from-scratch column)")
     ap.add_argument("--only", choices=["first", "all"], default="all",
                     help="first: stop after the first pass (conf first_pass_max_minutes)")
     a = ap.parse_args(argv)
@@ -220,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    for s in a.weight_sets]
     if a.weights_minutes:
         cfg["curves"]["weights"]["minutes"] = a.weights_minutes
+    if a.no_scratch:
+        cfg["curves"]["minutes"]["scratch"] = cfg["curves"]["weights"]["scratch"] = False
     if a.run_seconds:
         cfg["run_seconds"] = a.run_seconds
     if a.trajectories_per_task:
@@ -233,7 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     from nactuator.guide.protocol import load_protocol
 
     proto = load_protocol(cfg["platform"], project_root() / cfg["protocol"])
-    adapt_cfg = load_adapt_config(project_root() / proto["adapt"]["config"])
+    adapt_cfg = load_adapt_config(Path(a.adapt_config) if a.adapt_config
+                                  else project_root() / proto["adapt"]["config"])
+    for item in a.set:
+        set_key(adapt_cfg["train"], item)
     adapt_path = _adapt_config(adapt_cfg, out / "adapt-config.yaml")
     per_epoch = (adapt_cfg["train"]["data"]["samples_per_epoch"]
                  // adapt_cfg["train"]["data"]["batch_size"])

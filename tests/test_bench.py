@@ -248,6 +248,50 @@ def test_bench_calibrate_curve_config_error_names_the_file(tmp_path):
         mod.load_config(bad)
 
 
+def test_bench_calibrate_curve_adapt_config_and_no_scratch(tmp_path, monkeypatch):
+    # --adapt-config replaces the protocol's recipe (written, time curve off, into --out);
+    # --no-scratch drops the from-scratch column of every point. Nothing is trained here.
+    import yaml
+
+    main = bench_main("calibrate_curve")
+    mod = sys.modules["bench_calibrate_curve"]
+    monkeypatch.chdir(BENCH.parent)
+    recipe = yaml.safe_load((BENCH.parent / "conf" / "train" / "adapt.yaml").read_text())
+    recipe["train"]["model"]["loss"] = {"w_force": 120.0}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    seen = []
+
+    class Measured(Exception):
+        pass
+
+    def fake_measure(point, cfg, folder, held, pool, adapt_cfg, per_epoch, steps):
+        seen.append((point, yaml.safe_load(Path(adapt_cfg).read_text())))
+        raise Measured
+
+    monkeypatch.setattr(mod, "synth", lambda cfg, seed, tasks, folder: folder)
+    monkeypatch.setattr(mod, "split_pools",
+                        lambda data, folder, sets, cfg: (folder, {"pool_200-400": folder}))
+    monkeypatch.setattr(mod, "measure", fake_measure)
+    with pytest.raises(Measured):
+        main(["--out", str(tmp_path / "cc"), "--seeds", "7", "--minutes", "10",
+              "--weight-sets", "200,400", "--weights-minutes", "10", "--no-scratch",
+              "--adapt-config", str(path)])
+    # --set writes the same recipe from the protocol's own
+    with pytest.raises(Measured):
+        main(["--out", str(tmp_path / "cc2"), "--seeds", "7", "--minutes", "10",
+              "--weight-sets", "200,400",
+              "--weights-minutes", "10", "--set", "model.loss.w_force=120"])
+    (point, written), (point2, written2) = seen
+    assert point["with_scratch"] is False and point["minutes"] == 10.0
+    assert point2["with_scratch"] is True and point2["weights"] == [200, 400]
+    assert written["train"]["model"]["loss"] == {"w_force": 120.0}
+    assert written["adapt"]["time_curve"] == "none"
+    assert written2 == written
+    with pytest.raises(mod.UserError, match="expected KEY=VALUE"):
+        mod.set_key({}, "model.lr")
+
+
 @pytest.mark.slow
 def test_bench_calibrate_curve_runs_resumes_and_summarises_over_seeds(tmp_path, monkeypatch,
                                                                        capsys):
