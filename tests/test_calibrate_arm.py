@@ -206,7 +206,11 @@ def test_calibrate_arm_end_to_end_on_emulated_arms_with_ctrl_c_and_resume(tmp_pa
         hung.append(g)
         follower.arm.world.set_external_force(np.array([0.0, 0.0, -g / 1000.0 * G]))
         if step_.key == interrupt_at:
-            leader.after_reads(60, _thread.interrupt_main)  # Ctrl-C ~1 s into the run
+            # Ctrl-C after 20 leader reads: the leader is read once per recorded frame (the
+            # ramp and settle move the follower only), so this lands ~0.3 s into the 2.5 s
+            # run at 62 Hz, and still inside it on a loaded machine whose loop runs at 10 Hz
+            # (60 reads missed the run once in CI with two trainings beside it).
+            leader.after_reads(20, _thread.interrupt_main)
 
     with leader, follower:
         run = dict(platform=p, leader=leader.port, follower=follower.port, out=out,
