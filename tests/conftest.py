@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,14 @@ def world_follower():
                                                reply_timeout_ms=5000.0)
 
     return open_follower
+
+
+@pytest.fixture
+def python_sigint():
+    """Python's Ctrl-C handler for the test. `_thread.interrupt_main` does nothing while
+    SIGINT is ignored, as it is in a job that a shell without job control starts in the
+    background (`nohup make test-slow-sample &`: calibrate-arm's Ctrl-C test then failed with
+    "DID NOT RAISE"); a user's foreground `calibrate-arm` always has the handler."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

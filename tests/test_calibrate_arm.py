@@ -178,7 +178,8 @@ def _command_following_deg(ep, arm) -> float:
 
 
 @pytest.mark.slow
-def test_calibrate_arm_end_to_end_on_emulated_arms_with_ctrl_c_and_resume(tmp_path):
+def test_calibrate_arm_end_to_end_on_emulated_arms_with_ctrl_c_and_resume(tmp_path,
+                                                                           python_sigint):
     """Two emulated SO-101 arms (a scripted leader; a follower running the hidden world,
     which carries each weight the protocol asks for: the prompt hangs it on the end-effector).
     Ctrl-C in the second step leaves torque off and that step unrecorded; the rerun
@@ -206,11 +207,7 @@ def test_calibrate_arm_end_to_end_on_emulated_arms_with_ctrl_c_and_resume(tmp_pa
         hung.append(g)
         follower.arm.world.set_external_force(np.array([0.0, 0.0, -g / 1000.0 * G]))
         if step_.key == interrupt_at:
-            # Ctrl-C after 20 leader reads: the leader is read once per recorded frame (the
-            # ramp and settle move the follower only), so this lands ~0.3 s into the 2.5 s
-            # run at 62 Hz, and still inside it on a loaded machine whose loop runs at 10 Hz
-            # (60 reads missed the run once in CI with two trainings beside it).
-            leader.after_reads(20, _thread.interrupt_main)
+            leader.after_reads(60, _thread.interrupt_main)  # Ctrl-C ~1 s into the run
 
     with leader, follower:
         run = dict(platform=p, leader=leader.port, follower=follower.port, out=out,

@@ -196,7 +196,8 @@ def test_alert_mid_recording_is_reported_in_the_episode(omx, tmp_path) -> None:
     assert torque[0] == 1.0 and torque[-1] == 0.0  # the firmware's shutdown is recorded
 
 
-def test_ctrl_c_saves_the_current_episode_and_keeps_earlier_ones(omx, tmp_path) -> None:
+def test_ctrl_c_saves_the_current_episode_and_keeps_earlier_ones(omx, tmp_path,
+                                                                 python_sigint) -> None:
     out = tmp_path / "c"
     leader, follower = _arms(omx, "dynamixel")
     with leader, follower:
@@ -212,7 +213,8 @@ def test_ctrl_c_saves_the_current_episode_and_keeps_earlier_ones(omx, tmp_path) 
     assert 19 <= ds.episodes[1].length <= 20  # frame 19 is kept if it was complete
 
 
-def test_a_second_ctrl_c_while_saving_waits_for_the_episode(omx, tmp_path, monkeypatch) -> None:
+def test_a_second_ctrl_c_while_saving_waits_for_the_episode(omx, tmp_path, monkeypatch,
+                                                             python_sigint) -> None:
     """The impatient user: Ctrl-C ends the episode, and a second, real SIGINT arrives while
     its files are being written. The save completes (the episode opens whole, its journal
     gone), torque goes off, and only then does the second Ctrl-C surface, as a
