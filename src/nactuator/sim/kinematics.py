@@ -89,6 +89,9 @@ class ChainKinematics(torch.nn.Module):
         self.register_buffer("gravity", torch.tensor(_GRAVITY, dtype=torch.float64))
         self.ee_body = ee_body
         self.ee_ancestors = self._ancestors(ee_body)
+        # (body, joint): the joint moves the body (its ancestors), for point_torque
+        self.register_buffer("_moved_by", torch.tensor(
+            [[j in self._ancestors(k) for j in range(n)] for k in range(n)]), persistent=False)
 
     def _ancestors(self, body: int) -> list[int]:
         joints = []
@@ -184,8 +187,7 @@ class ChainKinematics(torch.nn.Module):
         rot, pos = f["body_rot"][rows, b], f["body_pos"][rows, b]
         p = pos + (rot @ point.to(q.dtype)[..., None])[..., 0]
         force = force.to(q.dtype)
-        moves = torch.tensor([[j in self._ancestors(k) for j in range(self.n)]
-                              for k in range(self.n)], device=q.device)[b] & (body >= 0)[:, None]
+        moves = self._moved_by.to(q.device)[b] & (body >= 0)[:, None]
         cols = []
         for j in range(self.n):
             a = f["joint_axis"][:, j]

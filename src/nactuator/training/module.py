@@ -324,7 +324,7 @@ class NeuralActuatorModule(L.LightningModule):
         sim = self.simulator
         B, T = link.shape
         with torch.no_grad():
-            body = sim.chain_bodies(link.reshape(-1)).to(link.device)
+            body = sim.chain_bodies(link.reshape(-1))
             q = batch["q"][:, start:].reshape(B * T, -1).to(torch.float64)
             tau = sim.kinematics.point_torque(
                 q.to(sim.device), body.to(sim.device),
