@@ -1,11 +1,13 @@
-"""§12's curve through the emulated bus, end to end (issue 26 item 3): `calibrate-arm` on an
-unseen SO-101 world, its leader a scripted human and its follower the hidden world arm on
-an emulated STS3215 bus, then `live` from the bundle it wrote.
+"""§12's curve through the emulated bus, end to end (issue 26 item 3; docs/results.md §12.3):
+`calibrate-arm` on an unseen SO-101 world, its follower the hidden world arm on an emulated
+STS3215 bus, then `live` from the bundle it wrote.
 
     PYTHONPATH=src .venv/bin/python bench/calibrate_bus.py --out runs/calibrate-bus \
-        --held-out runs/cc160/seed_7/held_out --synth runs/cc160 --minutes 1 2
+        --held-out runs/cc160/seed_7/held_out --synth runs/cc160 --minutes 1 2 5 \
+        --bus-held-out runs/calibrate-bus-heldout
 
-Per N minutes, the real user path, in this process (as tests/test_calibrate_arm.py runs it):
+Per N minutes (``--leader script``, the real user path, in this process as
+tests/test_calibrate_arm.py runs it):
 
 1. two emulated arms on pseudo-terminals: a leader (``ScriptedLeader``, torque off, moved by
    a sum of sines) and a follower running the world of conf/bench/calibrate_curve.yaml
@@ -13,21 +15,30 @@ Per N minutes, the real user path, in this process (as tests/test_calibrate_arm.
    frame of physics per telemetry read instead);
 2. :func:`nactuator.guide.calibrate.calibrate_arm` with the protocol of
    conf/calibrate/so101.yaml and weights 200 + 400 g: the bus check, one ``record`` per step
-   (each prompt hangs that step's weight on the follower's end effector, as a person puts it
-   in the gripper), every run ``N × 60 / (train runs)`` seconds long so that the train
-   recordings last N minutes, then ``adapt`` from pretrained/so101 with the protocol's
-   steps, the held-out run scored, the bundle written;
+   (each prompt hangs that step's weight on the follower's end effector), every run
+   ``N × 60 / (train runs)`` seconds long so that the train recordings last N minutes; the
+   same command again once everything is recorded (the emulators stopped) adapts from
+   pretrained/so101 with the protocol's steps, scores its held-out run, writes the bundle;
 3. the adapted checkpoint scored on §12's held-out runs of that seed (``--held-out``: the
-   21 ``data synth`` test runs of every task, 200/300/400 g and empty), the linear force
-   regression fitted on the same bus recordings (``nactuator eval`` on [recordings,
-   held-out]);
-4. ``live`` from the bundle on the same emulated follower (400 g hung) for ``--live-seconds``.
+   21 ``data synth`` test runs of every task), the linear force regression fitted on the
+   same bus recordings (``nactuator eval`` on [recordings, held-out]);
+4. ``live`` from the bundle on a fresh emulated follower holding the last frame of the
+   held-out lift-and-hold run with the heaviest weight (weight hung, object between the
+   jaws, torque switched on through the bus first); the same for ``--synth``'s checkpoint
+   of that point and, once, the bundle as shipped.
+
+``--leader replay``: the leader instead plays the commands of ``--synth``'s own train runs
+of that point into ``record`` (one call per run, its weight hung and labelled), adapted as
+bench/calibrate_curve.py adapts: the synth point's data, through the bus.
+``--bus-held-out DIR``: also record --held-out's runs through the bus (replay leader) and
+score every point, ``--synth``'s point and the bundle as shipped on them.
 
 Also measured per N, from what the bus delivered: frames dropped by the recorder's pacing,
 incomplete telemetry, frame-period jitter, the physics clock's slip (emulator), and the
 telemetry's quantisation. Resumable: calibrate-arm resumes itself (a finished step is not
-recorded again) and a finished point (``m_N/point.json``) is not run again. Writes bus.json
-and bus.md into --out.
+recorded again), a replayed run with its done.json is kept, a finished point
+(``m_N/point.json``) is not run again, and evaluations are kept. Writes bus.json and bus.md
+into --out.
 """
 
 from __future__ import annotations
@@ -350,18 +361,20 @@ def replay_point(minutes: float, a: argparse.Namespace, folder: Path) -> dict[st
             "bus": bus_quality(folders, p.fps), "emulator": emu}
 
 
-POSE = "the hold of the held-out lift-and-hold run with the heaviest weight"
+POSE = ("the last frame of the held-out lift-and-hold run with the heaviest weight: its q, "
+        "its command, the object between the jaws")
 
 
-def hold_pose(held_out: Path, grams: float) -> np.ndarray:
-    """Where ``live`` holds the arm: the last frame of the first held-out lift-and-hold run
-    of that weight (a pose the held-out tasks hold still, as in §12's scores)."""
+def hold_pose(held_out: Path, grams: float) -> tuple[np.ndarray, np.ndarray]:
+    """Where ``live`` holds the arm: the last frame (q, q_cmd) of the first held-out
+    lift-and-hold run of that weight (a hold §12's held-out runs score)."""
     from nactuator.data import read_dataset
 
     task = f"go_up_and_stay_still_{grams:g}g"
     for ep in read_dataset(held_out).episodes:
         if ep.task == task:
-            return np.asarray(ep.frames["q"][-1], dtype=float)
+            return (np.asarray(ep.frames["q"][-1], dtype=float),
+                    np.asarray(ep.frames["q_cmd"][-1], dtype=float))
     raise UserError(f"{held_out}: no {task} run to take live's hold pose from")
 
 
@@ -379,13 +392,15 @@ def live_check(a: argparse.Namespace, ckpt: Path, csv_path: Path) -> dict[str, A
     p = load_platform(a.platform)
     grams = max(float(g) for g in a.weights_g.split(","))
     kg = grams / 1000.0
-    arm = WorldArm(p, seed=a.seed, world=project_root() / a.world,
-                   q0=hold_pose(Path(a.held_out), grams))
+    q, q_cmd = hold_pose(Path(a.held_out), grams)
+    arm = WorldArm(p, seed=a.seed, world=project_root() / a.world, q0=q)
     with Emulator("feetech", p, seed=a.seed, arm=arm) as follower:
         with open_bus(p, follower.port, torque=False, torque_off_on_close=False) as bus:
-            bus.write_goal(bus.wait_ready().q)
-            with follower._lock:
+            bus.wait_ready()
+            bus.write_goal(q_cmd)
+            with follower._lock:  # the weight in the gripper: hung, and between the jaws
                 arm.world.set_external_force(np.array([0.0, 0.0, -kg * GRAVITY]))
+                arm.world.set_grasp(float(arm.world.params.workspace["grasp_jaw"]))
             bus.set_torque(True)
         time.sleep(1.0)  # the servos settle under the weight
         text = run_live(ckpt, p, follower.port, out=csv_path, seconds=a.live_seconds,
