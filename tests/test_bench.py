@@ -335,3 +335,53 @@ def test_bench_calibrate_curve_runs_resumes_and_summarises_over_seeds(tmp_path, 
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("points/*.json")}
     bench_main("calibrate_curve")(args)
     assert {p: p.stat().st_mtime_ns for p in out.rglob("points/*.json")} == stamps
+
+
+def test_bench_calibrate_bus_frame_timing_quantum_and_run_length():
+    # Frame periods at 50 Hz: one period of 2 slots and one of 3 lose 1 + 2 slots; the
+    # deviations from whole slots are 0, 0, 0, 0, 1 ms, 0 (one period is 21 ms).
+    bench_main("calibrate_bus")
+    mod = sys.modules["bench_calibrate_bus"]
+    t = np.array([0.0, 0.02, 0.04, 0.08, 0.10, 0.16, 0.181])
+    ft = mod.frame_timing(t, 50.0)
+    assert ft["frames"] == 7 and ft["lost_slots"] == 3
+    assert ft["dev_max_ms"] == pytest.approx(1.0, abs=1e-9)
+    assert ft["dev_p50_ms"] == pytest.approx(0.0, abs=1e-9)
+    # A channel read on a grid of 0.0015 (with NaNs where a read failed) has that quantum.
+    rng = np.random.default_rng(0)
+    x = rng.integers(-50, 50, size=200) * 0.0015
+    x[::7] = np.nan
+    assert mod.quantum(x) == pytest.approx(0.0015)
+    assert np.isnan(mod.quantum(np.full(5, 0.3)))
+    # conf/calibrate/so101.yaml with two weights: 3 free + 2 lift-and-hold + 4 pick-and-place
+    # train runs, so 1 min of training recordings is 9 runs of 60 / 9 s.
+    from nactuator.guide.protocol import load_protocol
+
+    assert mod.episode_seconds(1.0, load_protocol("so101"), [200.0, 400.0]) == \
+        pytest.approx(60.0 / 9)
+
+
+def test_bench_calibrate_bus_replay_leader_plays_frame_k_at_read_k():
+    # The replay leader on an emulated STS3215 bus in lockstep: after record's first read
+    # (wait_ready), read k of the episode returns the k-th command, to the bus's resolution
+    # (4096 counts per turn), and the last pose is held past the end.
+    bench_main("calibrate_bus")
+    mod = sys.modules["bench_calibrate_bus"]
+    from nactuator.hardware.emulator import Emulator
+    from nactuator.hardware.open import open_bus
+
+    p = load_platform("so101")
+    lo = np.array([c.limit_lower for c in p.channels])
+    hi = np.array([c.limit_upper for c in p.channels])
+    k = np.arange(12)[:, None]
+    q_cmd = np.clip(0.05 * k * np.linspace(-1, 1, p.n)[None, :] + 0.1, lo, hi)
+    lead = mod.ReplayLeader(p.n, p.fps)
+    with Emulator("feetech", p, arm=lead, step_per_read=1.0 / p.fps) as emu:
+        mod.play(emu, lead, q_cmd)
+        with open_bus(p, emu.port, None, torque=False) as bus:
+            first = bus.wait_ready()
+            got = [bus.read().q for _ in range(len(q_cmd) + 2)]
+    step = 2 * np.pi / 4096
+    np.testing.assert_allclose(first.q, q_cmd[0], atol=step)
+    np.testing.assert_allclose(np.array(got[:len(q_cmd)]), q_cmd, atol=step)
+    np.testing.assert_allclose(got[-1], q_cmd[-1], atol=step)
