@@ -139,6 +139,19 @@ def test_calibrate_recovers_the_camera_within_1cm_1deg():
     assert r["iou_held_out_after"] >= 0.9, r
 
 
+@pytest.mark.slow
+def test_calibrate_from_noisy_masks_within_1cm_1deg():
+    """The issue's target with the default mask noise (jitter, erosion/dilation, occluders,
+    missed frames) at the default 16 frames: +-5 cm / 5 deg -> <= 1 cm / 1 deg (~100 CPU s).
+    At 8 frames this seed stopped at 3 cm / 2 deg (docs/vision.md)."""
+    from nactuator.vision.run import calibrate_synthetic
+
+    r = calibrate_synthetic("so101_front", held_out=4, seed=0, noise=True)
+    assert r["frames"] == 16
+    assert r["final_error"]["translation_m"] <= 0.01, r
+    assert r["final_error"]["rotation_deg"] <= 1.0, r
+
+
 def test_bad_camera_file_names_the_field(tmp_path):
     from nactuator.errors import UserError
 

@@ -33,7 +33,7 @@ def sample_states(platform: str, n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).uniform(0.6 * lo, 0.6 * hi, (n, p.n))
 
 
-def calibrate_synthetic(camera: str, frames: int = 8, held_out: int = 8,
+def calibrate_synthetic(camera: str, frames: int = 16, held_out: int = 8,
                         translation: float = 0.05, rotation_deg: float = 5.0, seed: int = 0,
                         iterations: int = 150, noise: bool = True, out: str | None = None,
                         device: str = "cpu") -> dict:
