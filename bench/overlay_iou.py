@@ -4,6 +4,8 @@ frame, at the stored joint state and at the state a model's closed-loop rollout 
 
     PYTHONPATH=src .venv/bin/python bench/overlay_iou.py --data runs/bench/masks/ds-clean \
         --episodes 2,5,8,11 --every 25 --ckpt pretrained/so101 --out runs/bench/overlay_iou
+
+A dataset with masks of several cameras needs ``--mask-camera NAME`` (the camera scored).
 """
 
 from __future__ import annotations
@@ -27,17 +29,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--every", type=int, default=25)
     ap.add_argument("--ckpt", default=None)
     ap.add_argument("--out", default="runs/bench/overlay_iou")
+    ap.add_argument("--mask-camera", default=None,
+                    help="the camera whose masks are scored (needed with several)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     ds = read_dataset(a.data)
     rows = []
     for e in (int(x) for x in a.episodes.split(",")):
-        m = read_episode_masks(a.data, e)
+        m = read_episode_masks(a.data, e, a.mask_camera)
         frames = [int(f) for f in m.frame_index if f % a.every == 0]
         for label, ckpt in (("stored", None), ("model", a.ckpt)):
             if label == "model" and ckpt is None:
                 continue
-            r = overlay(a.data, e, frames, os.path.join(a.out, f"ep{e}-{label}"), ckpt=ckpt)
+            r = overlay(a.data, e, frames, os.path.join(a.out, f"ep{e}-{label}"), ckpt=ckpt,
+                        mask_camera=a.mask_camera)
             iou = np.array(r["iou"])
             rows.append({"episode": e, "task": ds.episodes[e].task, "state": label,
                          "frames": len(iou), "mean": float(iou.mean()),

@@ -269,3 +269,23 @@ def test_cli_errors_are_one_line(dataset, camera_file, tmp_path, capsys):
         assert main(argv) == 2
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert len(err) == 1 and says in err[0], (argv, err)
+
+
+def test_side_camera_sees_the_wrist_roll_the_front_camera_does_not(dataset):
+    # conf/vision/cameras/so101_side.yaml exists for what so101_front barely sees (docs/
+    # results.md §11.3/§11.4). Judged by MuJoCo ray casting, not by our soft renderer: the
+    # pixels that flip when the wrist rolls 10° (and the shoulder pans 5°) at stored states.
+    q = read_dataset(dataset).episodes[0].frames["q"][::20].astype(np.float64)
+    names = ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll"]
+    changed = {}
+    for camera in ("so101_front", "so101_side"):
+        ray = RayCastRenderer("so101", load_camera(camera))
+        base = ray.render(q) > 0
+        assert base.any(axis=(1, 2)).all()  # the arm is in view of both
+        for joint, degrees in (("wrist_roll", 10.0), ("shoulder_pan", 5.0)):
+            moved = q.copy()
+            moved[:, names.index(joint)] += np.deg2rad(degrees)
+            changed[camera, joint] = int(((ray.render(moved) > 0) != base).sum())
+    # 178 vs 66 and 1308 vs 488 pixels when written (3 frames of circular_cw at 160x120)
+    assert changed["so101_side", "wrist_roll"] > 2 * changed["so101_front", "wrist_roll"]
+    assert changed["so101_side", "shoulder_pan"] > 2 * changed["so101_front", "shoulder_pan"]

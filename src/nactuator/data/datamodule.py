@@ -39,7 +39,7 @@ from nactuator.input_filters import MISSING_RULES, filter_inputs, input_filter_s
 from nactuator.platforms import Platform, load_platform
 from nactuator.rollout import WINDOW_LENGTH
 
-__all__ = ["EpisodeInfo", "NADDataModule"]
+__all__ = ["EpisodeInfo", "NADDataModule", "batch_mask_keys", "masks_camera_names"]
 
 # Channels in the batch, in packed-column order: (key, width kind). "n" = per motor.
 _CHANNELS = (
@@ -77,6 +77,27 @@ _CONTACT_KEYS = ("contact_link", "contact_point", "contact_force")
 _BOOL_KEYS = ("force_valid", "condition_valid", "pad")
 _MODEL_INPUTS = (*REQUIRED_KEYS, *COMMAND_KEYS,
                  *EXOGENOUS_KEYS)
+
+
+def masks_camera_names(masks_camera: str | Sequence[str] | None) -> list[str]:
+    """The cameras ``data.masks_camera`` serves, in order: none, one name, or a list."""
+    if masks_camera is None:
+        return []
+    names = [masks_camera] if isinstance(masks_camera, str) else list(masks_camera)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"data.masks_camera must be a camera name or a non-empty list of "
+                         f"names, got {masks_camera!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"data.masks_camera names a camera twice: {names}")
+    return names
+
+
+def batch_mask_keys(camera: str | None = None) -> tuple[str, str, str]:
+    """The batch keys of one camera's ``masks``, ``mask_index`` and ``mask_valid``: the
+    plain names when one camera is served (``camera`` None), else suffixed with the
+    camera's name (``masks.so101_side``, ...), so several cameras share a batch."""
+    suffix = "" if camera is None else f".{camera}"
+    return f"masks{suffix}", f"mask_index{suffix}", f"mask_valid{suffix}"
 
 
 @dataclass(frozen=True)
@@ -165,8 +186,10 @@ class NADDataModule(L.LightningDataModule):
             every dataset must have masks of it, with one camera file): each batch then
             carries ``masks`` (K, H, W) bool, the K masks of its frames, ``mask_index`` (B, T)
             int64, the row of ``masks`` holding frame t's mask (-1 where the frame has none)
-            and ``mask_valid`` (B, T) = ``mask_index >= 0``; :attr:`masks_camera_file` is the
-            camera file. ``None`` (default): no masks are read or served.
+            and ``mask_valid`` (B, T) = ``mask_index >= 0``. A list of cameras serves each
+            camera's three under its own keys, :func:`batch_mask_keys` (``masks.NAME``, ...); a
+            list of one is served like the plain name. :attr:`masks_camera_files` maps each
+            camera to its camera file. ``None`` (default): no masks are read or served.
     """
 
     def __init__(
@@ -184,7 +207,7 @@ class NADDataModule(L.LightningDataModule):
         eval_batch_size: int | None = None,
         cv_folds: int | None = None,
         cv_fold: int = 0,
-        masks_camera: str | None = None,
+        masks_camera: str | Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         self.paths = dataset_paths(paths)
@@ -221,13 +244,17 @@ class NADDataModule(L.LightningDataModule):
         self._channels = (*_CHANNELS, *((k, "n") for k in pooled_keys(self.input_filters)))
         self.cv = None if cv_folds is None else (int(cv_folds), int(cv_fold))
         self.masks_camera = masks_camera
-        self.masks_camera_file: Path | None = None  # set when loaded, with masks_camera
+        self.masks_cameras = masks_camera_names(masks_camera)
+        # camera -> its camera file, set when loaded (one entry per served camera)
+        self.masks_camera_files: dict[str, Path] = {}
         self.epoch = 0  # the epoch used when no Trainer is attached
         self.force_reference: LinearForceReference | None = None  # set when loaded
         self._loaded = False
         self._warned: set[int] = set()
         self._segments: dict[int, np.ndarray] = {}
-        self._row_mask: np.ndarray | None = None
+        # per served camera: packed row -> row of self._masks[camera] (-1: no mask)
+        self._row_mask: dict[str, np.ndarray] = {}
+        self._masks: dict[str, torch.Tensor] = {}
 
     # -- public API ------------------------------------------------------------------
 
@@ -429,13 +456,15 @@ class NADDataModule(L.LightningDataModule):
         self._loaded = True
 
     def _load_masks(self, episodes: list[EpisodeInfo], real: np.ndarray,
-                    total: int) -> np.ndarray | None:
-        """With ``masks_camera``: every mask of every served episode in one bool array
-        (``self._masks`` (K, H, W)) and, per packed row, the index of its frame's mask
-        (-1: none; padding rows never have one). ``None`` without ``masks_camera``."""
-        camera = self.masks_camera
-        if camera is None:
-            return None
+                    total: int) -> dict[str, np.ndarray]:
+        """Per served camera (``masks_camera``): every mask of every served episode in one
+        bool array (``self._masks[camera]`` (K, H, W)) and, per packed row, the index of its
+        frame's mask (-1: none; padding rows never have one). Empty without cameras."""
+        return {camera: self._load_camera_masks(camera, episodes, real, total)
+                for camera in self.masks_cameras}
+
+    def _load_camera_masks(self, camera: str, episodes: list[EpisodeInfo], real: np.ndarray,
+                           total: int) -> np.ndarray:
         from nactuator.data.masks import (
             _load_index,
             mask_cameras,
@@ -453,11 +482,12 @@ class NADDataModule(L.LightningDataModule):
             cam_file = mask_folder(root, camera) / "camera.yaml"
             text = cam_file.read_text()
             if camera_text is None:
-                camera_text, self.masks_camera_file = text, cam_file
+                camera_text, self.masks_camera_files[camera] = text, cam_file
             elif text != camera_text:
                 raise DataFormatError(
                     f"{cam_file}: masks of camera {camera!r} were taken with another camera "
-                    f"file than {self.masks_camera_file}; one run renders with one camera")
+                    f"file than {self.masks_camera_files[camera]}; one run renders each "
+                    "camera with one camera file")
         with_masks = {root: set(_load_index(mask_folder(root, camera))["episodes"])
                       for root in {e.dataset for e in episodes}}
         row_mask = np.full(total, -1, dtype=np.int64)
@@ -479,7 +509,7 @@ class NADDataModule(L.LightningDataModule):
         if not stored:
             raise DataFormatError(f"{', '.join(str(p) for p in self.paths)}: no episode has "
                                   f"masks of camera {camera!r}")
-        self._masks = torch.cat(stored)
+        self._masks[camera] = torch.cat(stored)
         return row_mask
 
     def _linear_force(self, episodes: list[EpisodeInfo], parts: list[dict],
@@ -552,15 +582,17 @@ class NADDataModule(L.LightningDataModule):
             if key in ("force_valid", "payload_mass", "pad", "contact_link"):
                 v = v[..., 0]
             out[key] = v > 0.5 if key in _BOOL_KEYS else v
-        if self._row_mask is not None:
+        keyed = len(self.masks_cameras) > 1
+        for camera, row_mask in self._row_mask.items():
             # The batch's masks in row-major (B, T) order; mask_index points into them.
-            index = self._row_mask[rows]
+            index = row_mask[rows]
             have = index >= 0
             local = np.full(index.shape, -1, dtype=np.int64)
             local[have] = np.arange(int(have.sum()))
-            out["masks"] = self._masks[torch.from_numpy(index[have])]
-            out["mask_index"] = torch.from_numpy(local)
-            out["mask_valid"] = torch.from_numpy(have)
+            masks, mask_index, mask_valid = batch_mask_keys(camera if keyed else None)
+            out[masks] = self._masks[camera][torch.from_numpy(index[have])]
+            out[mask_index] = torch.from_numpy(local)
+            out[mask_valid] = torch.from_numpy(have)
         return out
 
     def _gather(self, seg_rows: np.ndarray, horizon: int) -> dict[str, torch.Tensor]:

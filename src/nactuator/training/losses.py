@@ -49,9 +49,24 @@ class LossWeights:
     silhouette_every: int = 1
     silhouette_sigma: float = 1.0
     silhouette_downsample: int = 1
+    # Command prior (issue 20 §11.4): L_joint of the rolled-out revolute joints against the
+    # command that drove each step (q_cmd of frame s + i, what command following predicts
+    # for frame s + i + 1). It uses the commands, which a silhouette-only run always has,
+    # not measured joints: it ties a joint no camera sees to its command; 0 (default): off.
+    # `command_joints`: the revolute joints it applies to, by name (empty: all of them);
+    # joints that sag under gravity or load sit degrees off their command.
+    w_command: float = 0.0
+    command_joints: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.command_joints, str) or not all(
+                isinstance(j, str) for j in self.command_joints):
+            raise ValueError(f"loss 'command_joints' must be a list of joint names, got "
+                             f"{self.command_joints!r}")
+        self.command_joints = tuple(self.command_joints)
         for name, value in asdict(self).items():
+            if name == "command_joints":
+                continue
             if not (isinstance(value, int | float) and value >= 0 and value == value):
                 raise ValueError(f"loss weight '{name}' must be a number >= 0, got {value!r}")
         if self.force_beta <= 0:

@@ -196,6 +196,7 @@ class NeuralActuatorModule(L.LightningModule):
         self.revolute = [i for i, c in enumerate(self.platform.channels) if c.kind == "revolute"]
         self.prismatic = [i for i, c in enumerate(self.platform.channels)
                           if c.kind == "prismatic"]
+        self.command_prior = self._command_channels(self.loss_weights.command_joints)
         self.actuator: NeuralActuator | None = None
         self.ema: EMA | None = None
         self.skipped_nonfinite = 0
@@ -206,11 +207,23 @@ class NeuralActuatorModule(L.LightningModule):
         self._simulator_device: str | None = None
         self.val_score = ValidationScore(self.platform.arm_indices, window_length)
         self.val_history: list[dict[str, float]] = []  # one row per validation epoch
-        # The silhouette loss's renderer (loss.w_silhouette > 0), built on first use from
-        # the DataModule's camera file; a plain dict so the camera is no submodule.
-        self._silhouette: dict[str, Any] = {}
+        # The silhouette loss's renderers (loss.w_silhouette > 0), one per (camera file,
+        # device), built on first use from the DataModule's camera files; a plain dict so
+        # the cameras are no submodules.
+        self._silhouette: dict[tuple[str, str], Any] = {}
 
     # ------------------------------------------------------------------ model and data
+
+    def _command_channels(self, names: tuple[str, ...]) -> list[int]:
+        """Channels of ``loss.command_joints`` (empty: every revolute joint)."""
+        if not names:
+            return list(self.revolute)
+        revolute = [self.platform.channels[i].name for i in self.revolute]
+        unknown = [n for n in names if n not in revolute]
+        if unknown:
+            raise ValueError(f"model.loss.command_joints {unknown} are not revolute joints of "
+                             f"{self.platform.name} ({', '.join(revolute)})")
+        return [self.revolute[revolute.index(n)] for n in names]
 
     def build_actuator(self, norm_stats: dict) -> None:
         """Create the actuator (and its EMA) from train-split normalisation statistics."""
@@ -341,7 +354,7 @@ class NeuralActuatorModule(L.LightningModule):
         from nactuator.vision.silhouette import SilhouetteRenderer
 
         key = (str(camera_file), str(device))
-        if self._silhouette.get("key") != key:
+        if key not in self._silhouette:
             w = self.loss_weights
             camera = load_camera(camera_file)
             k = camera.intrinsics
@@ -358,8 +371,8 @@ class NeuralActuatorModule(L.LightningModule):
             def render(q: torch.Tensor) -> torch.Tensor:
                 return renderer(q, camera, sigma)["mask"]
 
-            self._silhouette = {"key": key, "render": render}
-        return self._silhouette["render"]
+            self._silhouette[key] = render
+        return self._silhouette[key]
 
     def compute_losses(self, r: Rollout, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The weighted SPEC §5 loss and its parts (:mod:`nactuator.training.objective`)."""
@@ -367,15 +380,18 @@ class NeuralActuatorModule(L.LightningModule):
         render = None
         if self.loss_weights.w_silhouette > 0:
             datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
-            camera_file = getattr(datamodule, "masks_camera_file", None)
-            if camera_file is None:
+            files = getattr(datamodule, "masks_camera_files", None)
+            if not files:
                 raise ValueError("model.loss.w_silhouette > 0 needs a DataModule serving "
                                  "masks (data.masks_camera)")
-            render = self.silhouette_renderer(camera_file, r.q.device)
+            renders = {camera: self.silhouette_renderer(f, r.q.device)
+                       for camera, f in files.items()}
+            # one camera: the batch's plain mask keys; several: each camera's own
+            render = next(iter(renders.values())) if len(renders) == 1 else renders
         return rollout_losses(r, batch, self.loss_weights, self.window_length, self.revolute,
                               self.prismatic, self.platform.control_dt,
                               next_state_scale=self.actuator.state_scale if next_state else None,
-                              render=render)
+                              render=render, command=self.command_prior)
 
     def rollout_metrics(self, r: Rollout, batch: dict[str, torch.Tensor]
                         ) -> dict[str, torch.Tensor]:

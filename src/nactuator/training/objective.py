@@ -11,7 +11,7 @@ frame are scored).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -53,46 +53,78 @@ def silhouette_steps(valid: torch.Tensor, every: int) -> torch.Tensor:
     return valid & ((count - 1) % every == 0)
 
 
-def silhouette_loss(r: Rollout, batch: dict[str, torch.Tensor], render: Render,
-                    window_length: int, every: int = 1, downsample: int = 1,
-                    mask: torch.Tensor | None = None) -> torch.Tensor:
+def silhouette_loss(r: Rollout, batch: dict[str, torch.Tensor],
+                    render: Render | Mapping[str, Render], window_length: int, every: int = 1,
+                    downsample: int = 1, mask: torch.Tensor | None = None) -> torch.Tensor:
     """1 − soft IoU between the silhouette ``render`` draws of the simulated state after
     step ``i`` and the observed mask of frame ``s + i + 1`` (the frame the joint loss scores
     it on), averaged over every ``every``-th step with a mask (and in ``mask`` (B, H)).
     Observed masks are area-averaged by ``downsample`` to the rendered size. 0 (no
-    gradient) when no step has a mask."""
+    gradient) when no step has a mask.
+
+    ``render`` is one camera's renderer (the batch's plain ``masks`` keys), or several
+    cameras' (camera name -> renderer, each reading its own keys,
+    :func:`nactuator.data.datamodule.batch_mask_keys`): the loss is then the mean of the cameras'
+    losses over the cameras that have a mask in this batch, so ``w_silhouette`` keeps its
+    scale whatever the number of cameras."""
+    if not isinstance(render, Mapping):
+        loss = _camera_silhouette_loss(r, batch, render, None, window_length, every,
+                                       downsample, mask)
+        return r.q.new_zeros(()) if loss is None else loss
+    losses = [_camera_silhouette_loss(r, batch, draw, camera, window_length, every,
+                                      downsample, mask) for camera, draw in render.items()]
+    seen = [loss for loss in losses if loss is not None]
+    return torch.stack(seen).mean() if seen else r.q.new_zeros(())
+
+
+def _camera_silhouette_loss(r: Rollout, batch: dict[str, torch.Tensor], render: Render,
+                            camera: str | None, window_length: int, every: int,
+                            downsample: int, mask: torch.Tensor | None
+                            ) -> torch.Tensor | None:
+    """:func:`silhouette_loss` of one camera (``None``: the plain batch keys); ``None``
+    when no scored step has a mask of it."""
+    from nactuator.data.datamodule import batch_mask_keys
     from nactuator.vision.silhouette import soft_iou_loss
 
+    masks_key, index_key, _ = batch_mask_keys(camera)
+    if index_key not in batch:
+        raise ValueError(f"silhouette: the batch has no {index_key!r}: camera "
+                         f"{camera or '(the one of data.masks_camera)'} is not served "
+                         "(data.masks_camera)")
     start, steps = window_length - 1, r.tau.shape[1]
-    index = batch["mask_index"][:, start + 1 : start + 1 + steps].to(r.q.device)
+    index = batch[index_key][:, start + 1 : start + 1 + steps].to(r.q.device)
     valid = index >= 0
     if mask is not None:
         valid = valid & mask
     pick = silhouette_steps(valid, every)
     if not pick.any():
-        return r.q.new_zeros(())
-    target = batch["masks"].to(r.q.device)[index[pick]].to(r.q.dtype)
+        return None
+    target = batch[masks_key].to(r.q.device)[index[pick]].to(r.q.dtype)
     if downsample > 1:
         target = F.avg_pool2d(target[:, None], downsample)[:, 0]
     pred = render(r.q[:, 1:][pick])
     if pred.shape != target.shape:
+        where = f" of camera {camera!r}" if camera else ""
         raise ValueError(f"silhouette: rendered masks {tuple(pred.shape[1:])} but observed "
-                         f"masks / {downsample} are {tuple(target.shape[1:])}: the camera "
-                         "file and the masks' size disagree")
+                         f"masks{where} / {downsample} are {tuple(target.shape[1:])}: the "
+                         "camera file and the masks' size disagree")
     return soft_iou_loss(pred, target)
 
 
 def rollout_losses(r: Rollout, batch: dict[str, torch.Tensor], weights: LossWeights,
                    window_length: int, revolute: Sequence[int], prismatic: Sequence[int],
                    control_dt: float, next_state_scale: torch.Tensor | None = None,
-                   render: Render | None = None) -> dict[str, torch.Tensor]:
+                   render: Render | Mapping[str, Render] | None = None,
+                   command: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
     """The weighted loss (``"loss"``) and its parts. Rollout step ``i`` starts from frame
     ``s + i`` (``s = window_length − 1``): its simulated state is compared with frame
     ``s + i + 1``, its force, gate and condition with frame ``s + i``. A next-state model
     (``next_state_scale``: its per-step state scale) is scored on the predicted state
     change instead of the joint, gripper and velocity losses. With ``w_silhouette`` > 0 the
-    simulated state is also drawn by ``render`` and compared with the batch's masks
-    (:func:`silhouette_loss`); a weight of 0 computes nothing of it."""
+    simulated state is also drawn by ``render`` (one camera's, or camera name -> renderer)
+    and compared with the batch's masks (:func:`silhouette_loss`); a weight of 0 computes
+    nothing of it. With ``w_command`` > 0 the channels ``command`` (default: ``revolute``)
+    are also scored against the commands that drove each step (a prior, not a label)."""
     w = weights
     start, steps = window_length - 1, r.tau.shape[1]
     q_next = batch["q"][:, start + 1 : start + 1 + steps]  # frames s+1 .. s+H
@@ -118,18 +150,22 @@ def rollout_losses(r: Rollout, batch: dict[str, torch.Tensor], weights: LossWeig
         "cond": condition_loss(r.condition_logit, batch["condition"][:, now],
                                batch["condition_valid"][:, now] & mask.unsqueeze(-1)),
     })
+    if w.w_command > 0:  # a prior from the commands, not a measured joint (LossWeights)
+        tied = rev if command is None else list(command)
+        parts["command"] = joint_loss(r.q[:, 1:, tied], batch["q_cmd"][:, now][..., tied],
+                                      mask)
     if r.force_log_var is not None and w.w_nll > 0:
         parts["nll"] = beta_nll(r.force, r.force_log_var, force, force_valid & mask,
                                 w.nll_beta)
     if w.w_silhouette > 0:
-        if render is None or "mask_index" not in batch:
+        if render is None or not any(k.startswith("mask_index") for k in batch):
             raise ValueError("loss.w_silhouette > 0 needs batches with masks "
                              "(data.masks_camera) and a silhouette renderer")
         parts["sil"] = silhouette_loss(r, batch, render, window_length, w.silhouette_every,
                                        w.silhouette_downsample, mask)
     weight = {"joint": w.w_pos, "grip": w.w_grip, "force": w.w_force, "gate": w.w_gate,
               "cond": w.w_cond, "vel": w.w_vel, "nll": w.w_nll, "next": w.w_next,
-              "sil": w.w_silhouette}
+              "sil": w.w_silhouette, "command": w.w_command}
     parts["loss"] = sum(weight[k] * v for k, v in parts.items())
     return parts
 
