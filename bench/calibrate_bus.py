@@ -15,21 +15,24 @@ tests/test_calibrate_arm.py runs it):
    frame of physics per telemetry read instead);
 2. :func:`nactuator.guide.calibrate.calibrate_arm` with the protocol of
    conf/calibrate/so101.yaml and weights 200 + 400 g: the bus check, one ``record`` per step
-   (each prompt hangs that step's weight on the follower's end effector), every run
-   ``N × 60 / (train runs)`` seconds long so that the train recordings last N minutes; the
+   (each prompt puts that step's weight between the follower's jaws as `data synth` holds
+   it: ``WorldArm.set_payload(kg, grasp=True)``, its weight hung while they press it),
+   every run ``N × 60 / (train runs)`` seconds long so that the train recordings last N minutes; the
    same command again once everything is recorded (the emulators stopped) adapts from
    pretrained/so101 with the protocol's steps, scores its held-out run, writes the bundle;
 3. the adapted checkpoint scored on §12's held-out runs of that seed (``--held-out``: the
    21 ``data synth`` test runs of every task), the linear force regression fitted on the
    same bus recordings (``nactuator eval`` on [recordings, held-out]);
 4. ``live`` from the bundle on a fresh emulated follower holding the last frame of the
-   held-out lift-and-hold run with the heaviest weight (weight hung, object between the
-   jaws, torque switched on through the bus first); the same for ``--synth``'s checkpoint
+   held-out lift-and-hold run with the heaviest weight (object between the jaws, its
+   weight hung, torque switched on through the bus first); the same for ``--synth``'s checkpoint
    of that point and, once, the bundle as shipped.
 
 ``--leader replay``: the leader instead plays the commands of ``--synth``'s own train runs
-of that point into ``record`` (one call per run, its weight hung and labelled), adapted as
-bench/calibrate_curve.py adapts: the synth point's data, through the bus.
+of that point into ``record`` (one call per run, its weight between the jaws and labelled),
+adapted as bench/calibrate_curve.py adapts: the synth point's data, through the bus. Before
+each run the follower is brought to the run's first command through the bus and held there
+``--preposition-s`` (4 s), torque on, as a person starts a run with the arm in place.
 ``--bus-held-out DIR``: also record --held-out's runs through the bus (replay leader) and
 score every point, ``--synth``'s point and the bundle as shipped on them.
 
@@ -156,7 +159,6 @@ def _metrics(row: dict[str, Any]) -> dict[str, float | None]:
 
 def run_point(minutes: float, a: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """One N: calibrate-arm through the bus, the score on §12's held-out runs, live."""
-    from nactuator.constants import GRAVITY
     from nactuator.eval import evaluate
     from nactuator.experiments.cv import fold_row
     from nactuator.guide import calibrate as cal
@@ -178,7 +180,7 @@ def run_point(minutes: float, a: argparse.Namespace, folder: Path) -> dict[str, 
 
     def hang(grams: float) -> None:
         with follower._lock:  # between steps: the emulator thread steps the same world
-            arm.world.set_external_force(np.array([0.0, 0.0, -grams / 1000.0 * GRAVITY]))
+            arm.set_payload(grams / 1000.0, grasp=True)  # between the jaws
 
     def prompt(s, i, total):
         cal.wait_for_enter(s, i, total)  # prints the step; not a terminal: starts now
@@ -281,6 +283,30 @@ class ReplayLeader:
                         temperature=np.full(self.n, self.ambient))
 
 
+def preposition(p: Any, port: str, q_first: np.ndarray, seconds: float) -> None:
+    """Bring the follower to a replayed run's first command through the bus and leave it
+    holding there, torque on, before ``record`` opens it: a person starts a run with the
+    arm at its start, and ``data synth`` starts each run settled at its first goal. Between
+    runs ``record`` switches the follower's torque off and the worn arm, weight in hand,
+    drops; its own ramp (1 s, settle <= 2 s) then leaves it 0.17-0.9 rad off (§12.3), a
+    transient no synth run has. Same ramp as ``record``'s (its code), a longer settle."""
+    from nactuator.hardware.open import open_bus
+    from nactuator.hardware.recorder import _ramp_to
+
+    if seconds <= 0:
+        return
+    with open_bus(p, port, torque_off_on_close=False) as bus:
+        bus.write_goal(bus.wait_ready().q)  # hold where it is, then torque on (as record)
+        bus.set_torque(True)
+        ramp_s = float(p.hardware.get("record_ramp_s", 1.0))
+        end = time.monotonic() + ramp_s + seconds
+        _ramp_to(bus, np.asarray(q_first, float), ramp_s, p.fps, seconds,
+                 float(p.hardware.get("record_settle_tolerance", 0.05)))
+        while time.monotonic() < end:  # within tolerance or not, hold it the full time:
+            bus.write_goal(np.asarray(q_first, float))
+            time.sleep(1.0 / p.fps)
+
+
 def play(emu: Any, lead: ReplayLeader, q_cmd: np.ndarray) -> None:
     """Load ``q_cmd`` into the replay leader of ``emu`` and refresh its registers at once
     (in lockstep the emulator refreshes them only after a physics step)."""
@@ -292,9 +318,8 @@ def play(emu: Any, lead: ReplayLeader, q_cmd: np.ndarray) -> None:
 def replay_point(minutes: float, a: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """One N of §12's `data synth` point, through the bus: the very train runs it fine-tuned
     on (``--synth``'s ``seed_S/w200-400/adapt/data/n_NNN``) replayed by the leader into
-    ``record`` (one call per run, its weight hung and labelled), then `adapt` as
+    ``record`` (one call per run, its weight between the jaws and labelled), then `adapt` as
     bench/calibrate_curve.py adapts (same recipe, steps, horizon), scored on --held-out."""
-    from nactuator.constants import GRAVITY
     from nactuator.data import read_dataset
     from nactuator.experiments.adapt import adapt, load_adapt_config
     from nactuator.guide.calibrate import _adapt_config, fit_horizon
@@ -325,9 +350,10 @@ def replay_point(minutes: float, a: argparse.Namespace, folder: Path) -> dict[st
             if (run_dir / "done.json").is_file():
                 continue
             kg = float(ep.meta["payload_kg"])
-            with follower._lock:
-                arm.world.set_external_force(np.array([0.0, 0.0, -kg * GRAVITY]))
+            with follower._lock:  # the object between the jaws (its weight while pressed)
+                arm.set_payload(kg, grasp=True)
             play(leader, lead, ep.frames["q_cmd"])
+            preposition(p, follower.port, ep.frames["q_cmd"][0], a.preposition_s)
             import shutil
 
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -338,6 +364,8 @@ def replay_point(minutes: float, a: argparse.Namespace, folder: Path) -> dict[st
             write_json(run_dir / "done.json", {"source": ep.meta.get("adapt_source")})
         emu = {"leader": dict(leader.stats), "follower": dict(follower.stats),
                "wall_s": time.perf_counter() - t0}
+    if a.labels == "synth":
+        folders = [synth_labelled(f, ep) for f, ep in zip(folders, runs, strict=True)]
     proto = load_protocol(p.name)
     cfg = load_adapt_config(project_root() / proto["adapt"]["config"])
     config = _adapt_config(cfg, folder / "adapt-config.yaml")
@@ -353,12 +381,40 @@ def replay_point(minutes: float, a: argparse.Namespace, folder: Path) -> dict[st
     tuned = res["points"][-1]
     seconds = sum(read_dataset(f).episodes[0].length for f in folders) / p.fps
     return {"minutes": minutes, "seed": a.seed, "world": a.world, "leader": "replay",
-            "lockstep": a.lockstep, "runs": n, "record_minutes": seconds / 60.0,
+            "labels": a.labels, "lockstep": a.lockstep, "runs": n, "record_minutes": seconds / 60.0,
             "steps": epochs * per_epoch, "adapt_fit_s": tuned.get("fit_s"),
             "adapt_fit_cpu_s": tuned.get("fit_cpu_s"), "held_out": res["held_out"]["episodes"],
             "adapted": _metrics(tuned["metrics"]), "pretrained": _metrics(
                 res["points"][0]["metrics"]),
             "bus": bus_quality(folders, p.fps), "emulator": emu}
+
+
+def synth_labelled(run_dir: Path, synth_ep: Any) -> Path:
+    """A replayed recording with the force and payload labels of the synth run it replays
+    (``--labels synth``). ``record --payload-g`` labels every frame -m g, as the prompts ask
+    a person to keep the weight in the gripper; the synth pick-and-place commands set the
+    object down (jaw open) before the grasp and after the release, where ``data synth``
+    labels the force unknown and, since the grasp fix, the emulated arm carries nothing.
+    Frame k of the recording is the replay's frame k (the leader advances one frame per
+    read), so the labels align frame for frame. Telemetry is the bus's, untouched."""
+    from nactuator.data import DatasetWriter, read_dataset
+    from nactuator.platforms import load_platform
+
+    dest = run_dir / "synth_labels"
+    if (dest / "meta" / "info.json").is_file():
+        return dest
+    ds = read_dataset(run_dir)
+    [ep] = ds.episodes
+    T = ep.length
+    if T > synth_ep.length:
+        raise UserError(f"{run_dir}: {T} frames, more than the replayed run's {synth_ep.length}")
+    frames = dict(ep.frames)
+    frames["force"] = np.asarray(synth_ep.frames["force"][:T], dtype=float)
+    frames["payload_mass"] = np.asarray(synth_ep.frames["payload_mass"][:T], dtype=float)
+    meta = {k: v for k, v in ep.meta.items() if k != "split"}
+    with DatasetWriter(dest, load_platform(ds.platform), fps=ds.fps) as writer:
+        writer.add_episode(frames, ep.task, ep.split, episode_meta=meta)
+    return dest
 
 
 POSE = ("the last frame of the held-out lift-and-hold run with the heaviest weight: its q, "
@@ -382,7 +438,6 @@ def live_check(a: argparse.Namespace, ckpt: Path, csv_path: Path) -> dict[str, A
     """``live`` from ``ckpt`` on a fresh emulated follower (the same world arm) carrying the
     heaviest weight at :data:`POSE`, its torque switched on holding there (as the arm would
     be, driven by your own program; ``live`` itself never switches torque on)."""
-    from nactuator.constants import GRAVITY
     from nactuator.control.live import run_live
     from nactuator.hardware.emulator import Emulator
     from nactuator.hardware.emulator.world_arm import WorldArm
@@ -398,9 +453,8 @@ def live_check(a: argparse.Namespace, ckpt: Path, csv_path: Path) -> dict[str, A
         with open_bus(p, follower.port, torque=False, torque_off_on_close=False) as bus:
             bus.wait_ready()
             bus.write_goal(q_cmd)
-            with follower._lock:  # the weight in the gripper: hung, and between the jaws
-                arm.world.set_external_force(np.array([0.0, 0.0, -kg * GRAVITY]))
-                arm.world.set_grasp(float(arm.world.params.workspace["grasp_jaw"]))
+            with follower._lock:  # the weight in the gripper: between the jaws, held
+                arm.set_payload(kg, grasp=True)
             bus.set_torque(True)
         time.sleep(1.0)  # the servos settle under the weight
         text = run_live(ckpt, p, follower.port, out=csv_path, seconds=a.live_seconds,
@@ -414,8 +468,8 @@ def live_check(a: argparse.Namespace, ckpt: Path, csv_path: Path) -> dict[str, A
 def record_held_out(a: argparse.Namespace, out: Path) -> list[Path]:
     """§12's held-out runs (every test run of --held-out) recorded again through the bus:
     the replay leader plays each run's commands into ``record`` (split test) with its
-    weight hung and labelled, as :func:`replay_point` records the train runs. Resumable."""
-    from nactuator.constants import GRAVITY
+    weight between the jaws and labelled, as :func:`replay_point` records the train runs.
+    Resumable."""
     from nactuator.data import read_dataset
     from nactuator.hardware.emulator import Emulator
     from nactuator.hardware.emulator.world_arm import WorldArm
@@ -437,9 +491,10 @@ def record_held_out(a: argparse.Namespace, out: Path) -> list[Path]:
             if (run_dir / "done.json").is_file():
                 continue
             kg = float(ep.meta["payload_kg"])
-            with follower._lock:
-                arm.world.set_external_force(np.array([0.0, 0.0, -kg * GRAVITY]))
+            with follower._lock:  # the object between the jaws (its weight while pressed)
+                arm.set_payload(kg, grasp=True)
             play(leader, lead, ep.frames["q_cmd"])
+            preposition(p, follower.port, ep.frames["q_cmd"][0], a.preposition_s)
             import shutil
 
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -482,8 +537,9 @@ def score_on(ckpt: Path, data: list[Path], out: Path) -> dict[str, float | None]
 
 def train_folders(folder: Path, leader: str) -> list[Path]:
     """A point's train recordings (calibrate-arm's train steps, or the replayed runs)."""
-    if leader == "replay":
-        return sorted(d for d in (folder / "runs").iterdir() if d.is_dir())
+    if leader == "replay":  # with --labels synth, the relabelled copy is what it trained on
+        return [d / "synth_labels" if (d / "synth_labels").is_dir() else d
+                for d in sorted(d for d in (folder / "runs").iterdir() if d.is_dir())]
     state = json.loads((folder / "calibrate.json").read_text())
     return [Path(v["dataset"]) for k, v in sorted(state["steps"].items())
             if k.startswith("record/") and v.get("split") == "train"]
@@ -581,6 +637,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bus-held-out", metavar="DIR",
                     help="also record --held-out's runs through the bus (replay leader) into "
                          "DIR/held_out_bus and score every point (and --synth's) on them")
+    ap.add_argument("--labels", choices=["record", "synth"], default="record",
+                    help="replay: train on record's labels (-m g on every frame), or on the "
+                         "replayed synth run's own (unknown where the object is set down)")
+    ap.add_argument("--preposition-s", type=float, default=4.0,
+                    help="replay: hold the follower at each run's first command this long "
+                         "(through the bus) before its `record` (0: record's ramp alone)")
     ap.add_argument("--lockstep", action="store_true",
                     help="one frame of physics per telemetry read, not real time")
     ap.add_argument("--live-seconds", type=float, default=10.0)

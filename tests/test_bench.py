@@ -385,3 +385,53 @@ def test_bench_calibrate_bus_replay_leader_plays_frame_k_at_read_k():
     np.testing.assert_allclose(first.q, q_cmd[0], atol=step)
     np.testing.assert_allclose(np.array(got[:len(q_cmd)]), q_cmd, atol=step)
     np.testing.assert_allclose(got[-1], q_cmd[-1], atol=step)
+
+
+def test_bench_calibrate_bus_synth_labels_replace_record_labels_only(tmp_path):
+    # --labels synth: a recording (record's -m g on every frame) gets the replayed synth
+    # run's own per-frame force and payload labels (unknown where the object is set down);
+    # its telemetry, task and split stay the bus's. A recording longer than the run it
+    # replays cannot be aligned and is refused.
+    from types import SimpleNamespace
+
+    from nactuator.data import DatasetWriter, read_dataset
+    from nactuator.errors import UserError
+
+    bench_main("calibrate_bus")
+    mod = sys.modules["bench_calibrate_bus"]
+    p = load_platform("so101")
+    T, rng = 40, np.random.default_rng(3)
+    rec = {"q": rng.normal(0, 0.1, (T, p.n)), "q_cmd": rng.normal(0, 0.1, (T, p.n)),
+           "effort": rng.normal(0, 0.1, (T, p.n)), "force": np.tile([0.0, 0.0, -3.924], (T, 1)),
+           "qd": rng.normal(0, 0.1, (T, p.n)), "voltage": np.full((T, p.n), 12.0),
+           "temperature": np.full((T, p.n), 30.0),
+           "payload_mass": np.full(T, 0.4), "timestamp": np.arange(T) / p.fps}
+    run_dir = tmp_path / "003"
+    with DatasetWriter(run_dir, p, fps=p.fps) as writer:
+        writer.add_episode(rec, "pick_and_place_400g", "train")
+    held = np.zeros(T + 5, dtype=bool)
+    held[12:30] = True  # carried from the grasp to the release
+    force = np.full((T + 5, 3), np.nan)
+    force[held, 2] = -0.4 * 9.81
+    synth = SimpleNamespace(length=T + 5, frames={"force": force,
+                                                  "payload_mass": np.where(held, 0.4, 0.0)})
+    out = mod.synth_labelled(run_dir, synth)
+    [ep] = read_dataset(out).episodes
+    [raw] = read_dataset(run_dir).episodes
+    # stored as float32, NaN where synth has no label
+    np.testing.assert_allclose(ep.frames["force"], force[:T], rtol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(ep.frames["payload_mass"], np.where(held, 0.4, 0.0)[:T],
+                               rtol=1e-6)
+    for key in ("q", "q_cmd", "effort", "timestamp"):
+        np.testing.assert_array_equal(ep.frames[key], raw.frames[key])
+    assert (ep.task, ep.split) == (raw.task, raw.split)
+    short = SimpleNamespace(length=T - 1, frames=synth.frames)
+    with pytest.raises(UserError, match="more than the replayed run"):
+        mod.synth_labelled(_copy_run(run_dir, tmp_path / "004"), short)
+
+
+def _copy_run(src, dest):
+    import shutil
+
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("synth_labels"))
+    return dest

@@ -303,3 +303,76 @@ def test_held_object_stops_the_jaw():
     holding.set_grasp(np.nan)  # released: the jaw closes the rest of the way
     holding.step(1.5)
     assert holding.telemetry()["q"][0, 5] < 0.05
+
+
+def test_emulated_payload_is_held_between_the_jaws_as_synth_holds_it():
+    """The emulator's grasped payload (``WorldArm(payload_kg=, grasp=True)``) is the object of
+    ``data synth``'s lift-and-hold: set up here as synth's plan does it (weight -m g at the
+    end effector and the grasp stop at ``grasp_jaw`` on every frame), the emulated arm with
+    the jaw commanded shut reads the same: the jaw stopped at the object, the gripper servo
+    squeezing it, the arm sagging under its weight. Jaw open: the object is set down (no
+    weight); no payload: nothing changes."""
+    from nactuator.constants import GRAVITY
+    from nactuator.hardware.emulator.world_arm import WorldArm
+
+    p = load_platform("so101")
+    kg, seconds = 0.4, 1.5
+    ws = load_world(p, seed=3).workspace
+    jaw, shut, opened = ws["grasp_jaw"], ws["gripper_closed"], ws["gripper_open"]
+
+    def run(goal: float, payload: float, synth: bool) -> dict[str, np.ndarray]:
+        # the jaw starts at the object's width, closing on it (or opening off it)
+        q0 = np.asarray(ws["rest_pose"], dtype=float)
+        q0[5] = jaw
+        if synth:  # synth's frame loop for a payload task (tasks.plan_episode's force, grasp)
+            w = World(p, load_world(p, seed=3), seed=3, n_envs=1)
+            w.reset(q0)
+            if payload:
+                w.set_external_force([0.0, 0.0, -payload * GRAVITY])
+                w.set_grasp(jaw)
+        else:
+            arm = WorldArm(p, seed=3, q0=q0, payload_kg=payload, grasp=True)
+            w = arm.world
+        q0[5] = goal
+        w.set_goal(q0)
+        w.set_torque_enabled(True)
+        w.step(seconds)
+        return {k: w.telemetry()[k][0] for k in ("q", "effort")}
+
+    emu, synth = run(shut, kg, False), run(shut, kg, True)
+    empty = run(shut, 0.0, True)
+    assert jaw - 0.03 < emu["q"][5] < jaw + 0.005  # stopped by the object, not shut
+    assert emu["effort"][5] > 0.3 and empty["effort"][5] < 0.1  # squeezing it / not
+    assert empty["q"][5] < 0.05
+    np.testing.assert_array_equal(emu["q"], synth["q"])  # held on every step: the same
+    np.testing.assert_allclose(emu["effort"], synth["effort"], atol=1e-9)
+    assert np.abs(synth["q"][1:4] - empty["q"][1:4]).max() > 0.01  # and it is a weight
+    # no payload: exactly the bare world; jaw opened: the object is set down, no weight
+    for payload, goal in ((0.0, shut), (kg, opened)):
+        emu, bare = run(goal, payload, False), run(goal, 0.0, True)
+        for k in emu:
+            np.testing.assert_array_equal(emu[k], bare[k])
+
+
+def test_carried_object_without_a_jaw_stop_hangs_for_as_long_as_it_is_carried():
+    """OMX has no object stop (``grasp_stiffness`` 0): ``set_carried`` cannot feel the jaw,
+    so it is the whole-run weight of ``set_external_force`` exactly; 0 kg is nothing."""
+    from nactuator.constants import GRAVITY
+
+    runs = []
+    for how in ("carried", "hung", "none"):
+        w = _world("omx")
+        w.reset(_rest(w))
+        if how == "carried":
+            w.set_carried(0.3)
+        elif how == "hung":
+            w.set_external_force([0.0, 0.0, -0.3 * GRAVITY])
+        else:
+            w.set_carried(0.0)
+        assert not np.isfinite(w.grasp_jaw).any()
+        w.step(0.5)
+        runs.append(w.telemetry()["q"][0])
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert np.abs(runs[0] - runs[2]).max() > 1e-3
+    with pytest.raises(WorldError, match="carried mass"):
+        _world("omx").set_carried(-1.0)

@@ -332,7 +332,8 @@ def _emulate(a: argparse.Namespace) -> int:
     run_emulator(bus=a.bus, platform=a.platform, seed=a.seed, bus_timing=a.bus_timing,
                  corrupt_rate=a.corrupt_rate, drop_rate=a.drop_rate, latency_ms=a.latency_ms,
                  dead_ids=a.dead_id, alert_ids=a.alert_id, voltage_sag=a.voltage_sag,
-                 leader=a.leader, link=a.link, duration=a.duration, payload_kg=a.payload_kg)
+                 leader=a.leader, link=a.link, duration=a.duration, payload_kg=a.payload_kg,
+                 grasp=a.grasp)
     return 0
 
 
@@ -964,8 +965,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="servo ID that reports a hardware-error alert (repeatable)")
     s.add_argument("--voltage-sag", type=float, default=0.0, help="supply sag in volts under load")
     s.add_argument("--payload-kg", type=float, default=0.0,
-                   help="a mass hung at the end effector for the whole run [kg] (the world "
-                        "arm; the client is not told)")
+                   help="a mass at the end effector for the whole run [kg] (the world arm; "
+                        "the client is not told)")
+    s.add_argument("--grasp", action="store_true",
+                   help="--payload-kg is an object between the jaws instead, as data synth's "
+                        "payload tasks hold it: the jaws stop on it and its weight hangs "
+                        "while they press it")
     s.add_argument("--leader", action="store_true",
                    help="emulate a leader arm (torque off, moved by a scripted human)")
     s.add_argument("--link", default=None, help="also create a symlink to the pty at this path")

@@ -15,6 +15,8 @@ Step-wise API (used by ``data.synth`` and by the hardware emulators, in real tim
     world.set_torque_enabled(True)
     world.set_external_force([0, 0, -2.0])  # N, base frame, environment on robot
     world.set_grasp(0.27)                 # an object stops the jaw at 0.27 (NaN: none)
+    world.set_carried(0.4)                # or: 0.4 kg between the jaws, its weight hung
+                                          # while they press it (emulators: no task plan)
     world.step(0.017)                     # advances in whole physics steps
     world.step_until(t)                   # or: catch up to wall-clock time t (emulators)
     tel = world.telemetry()               # SI, Contract-1 units, (n_envs, n) arrays
@@ -31,6 +33,7 @@ from pathlib import Path
 import mujoco
 import numpy as np
 
+from nactuator.constants import GRAVITY
 from nactuator.platforms import Platform, load_platform
 
 from .params import WorldError, WorldParams, load_world_config, resolve_world
@@ -119,6 +122,7 @@ class World:
         self.band_rest = np.zeros(n_envs)
         self.band_channel = np.full(n_envs, params.band["channel"], dtype=np.int64)
         self.grasp_jaw = np.full(n_envs, np.nan)
+        self.carried_kg = np.zeros(n_envs)  # set_carried: an object the jaws hold themselves
         self.q = np.zeros((n_envs, n))
         self.qd = np.zeros((n_envs, n))
         self.omega_filtered = np.zeros((n_envs, n))
@@ -194,6 +198,7 @@ class World:
         self.contact_body[:] = -1
         self._touched_before = np.zeros(self.n_envs, dtype=bool)
         self.grasp_jaw[:] = np.nan
+        self.carried_kg[:] = 0.0
         if self.protection is not None:
             self.protection.reset()
         self.set_goal(q0)
@@ -296,6 +301,41 @@ class World:
         """
         self.grasp_jaw = np.array(np.broadcast_to(np.asarray(jaw, float), (self.n_envs,)))
 
+    def set_carried(self, mass_kg) -> None:
+        """An object of ``mass_kg`` between the jaws that only the gripper holds (0: none).
+
+        The world's two grasp pieces, switched by the jaw itself instead of by a task plan:
+        the object stops the jaws at ``workspace.grasp_jaw`` (:meth:`set_grasp`), and its
+        weight, -m g along base z at the end effector (as a payload task's
+        ``set_external_force``), hangs on every physics step the jaws press it (the grasp's
+        depth > 0 on a gripper channel): from the moment they close on it until they open
+        past it. ``data synth`` schedules the same two from its plan (:mod:`world.tasks`);
+        whoever drives the arm without a plan (the emulator's payload, a leader arm) gets
+        the weight exactly while the jaws hold it. It adds to :meth:`set_external_force`.
+        A world without an object stop (``grasp_stiffness`` 0, no gripper) cannot feel the
+        object: the weight then hangs for as long as it is carried.
+        """
+        m = np.array(np.broadcast_to(np.asarray(mass_kg, float), (self.n_envs,)))
+        if not (np.isfinite(m).all() and (m >= 0).all()):
+            raise WorldError(f"carried mass must be finite and >= 0 kg, got {mass_kg}")
+        self.carried_kg = m
+        stops = self.params.workspace.get("grasp_stiffness", 0.0) > 0 \
+            and len(self.platform.gripper_indices) > 0
+        jaw = float(self.params.workspace.get("grasp_jaw", np.nan)) if stops else np.nan
+        self.set_grasp(np.where(m > 0, jaw, np.nan))
+
+    def _carried_force(self) -> np.ndarray:
+        """(n_envs, 3) the carried object's weight on the arms whose jaws hold it now."""
+        held = self.carried_kg > 0
+        stopped = np.isfinite(self.grasp_jaw)
+        if stopped.any():
+            g = list(self.platform.gripper_indices)
+            pressed = (self.grasp_jaw[:, None] - self.q[:, g] > 0).any(axis=1)
+            held &= ~stopped | pressed
+        out = np.zeros((self.n_envs, 3))
+        out[:, 2] = np.where(held, -self.carried_kg * GRAVITY, 0.0)
+        return out
+
     def _grasp_force(self) -> np.ndarray:
         ws = self.params.workspace
         out = np.zeros((self.n_envs, self.n))
@@ -352,13 +392,16 @@ class World:
         if np.isfinite(self.grasp_jaw).any():
             joint_force += self._grasp_force()
         friction = s.friction_budget(omega) / self.trans
-        pushed = np.abs(self.external_force).sum(axis=1) > 0
+        ee_force = self.external_force
+        if self.carried_kg.any():
+            ee_force = ee_force + self._carried_force()
+        pushed = np.abs(ee_force).sum(axis=1) > 0
         touched = self.contact_body >= 0
         for i, (m, d) in enumerate(zip(self.models, self.datas, strict=True)):
             m.dof_frictionloss[:n] = friction[i]
             d.qfrc_applied[:n] = joint_force[i]
             if pushed[i]:
-                self._apply_ee_force(d, self.external_force[i])
+                self._apply_ee_force(d, ee_force[i])
             else:
                 d.xfrc_applied[self.ee_body] = 0.0
             if touched[i] or self._touched_before[i]:

@@ -25,7 +25,7 @@ def run_emulator(bus: str, platform: str, seed: int = 0, bus_timing: bool = Fals
                  dead_ids: list[int] | None = None, alert_ids: list[int] | None = None,
                  voltage_sag: float = 0.0, leader: bool = False, link: str | None = None,
                  duration: float | None = None, arm: str | None = None,
-                 payload_kg: float = 0.0) -> None:
+                 payload_kg: float = 0.0, grasp: bool = False) -> None:
     """Run an emulated arm in the foreground until Ctrl-C/SIGTERM or ``duration`` seconds.
 
     Prints the device path (and the ``link`` symlink) so another terminal can connect.
@@ -34,7 +34,7 @@ def run_emulator(bus: str, platform: str, seed: int = 0, bus_timing: bool = Fals
                     dead_ids=set(dead_ids or []), alert_ids=set(alert_ids or []),
                     voltage_sag=voltage_sag, seed=seed)
     emu = Emulator(bus, platform, seed, arm=arm, leader=leader, bus_timing=bus_timing,
-                   faults=faults, link=link, payload_kg=payload_kg)
+                   faults=faults, link=link, payload_kg=payload_kg, grasp=grasp)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)  # clean up the symlink as Ctrl-C does
     with emu:

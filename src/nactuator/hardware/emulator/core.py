@@ -79,8 +79,9 @@ class FaultIdError(UserError, ValueError):
 
 
 def make_arm(kind: str, platform: Platform, seed: int, supply_voltage: float,
-             payload_kg: float = 0.0) -> ArmModel:
-    """``world`` (the hidden ground truth, ``payload_kg`` at its end effector), ``reference``
+             payload_kg: float = 0.0, grasp: bool = False) -> ArmModel:
+    """``world`` (the hidden ground truth, ``payload_kg`` at its end effector: tied, or
+    with ``grasp`` between its jaws; :class:`WorldArm`), ``reference``
     (first-order servo) or ``leader``."""
     if payload_kg and kind != "world":
         raise ValueError(f"a payload needs the 'world' arm model, not {kind!r}")
@@ -91,7 +92,7 @@ def make_arm(kind: str, platform: Platform, seed: int, supply_voltage: float,
     if kind == "world":
         from nactuator.hardware.emulator.world_arm import WorldArm
 
-        return WorldArm(platform, seed=seed, payload_kg=payload_kg)
+        return WorldArm(platform, seed=seed, payload_kg=payload_kg, grasp=grasp)
     raise ValueError(f"unknown arm model {kind!r}: expected 'world', 'reference' or 'leader'")
 
 
@@ -106,7 +107,9 @@ class Emulator:
     answered, so the arm moves the same way on an idle and on a loaded machine (tests).
     ``clock``: the time the XM430 Bus Watchdog measures silences in (default
     ``time.perf_counter``; a test passes its own to decide when a silence ends).
-    ``payload_kg``: a mass hung at the world arm's end effector (unseen load).
+    ``payload_kg``: a mass at the world arm's end effector (unseen load): tied there for the
+    whole run, or with ``grasp`` an object between its jaws, its weight hung while they
+    press it (:class:`WorldArm`).
     """
 
     def __init__(self, bus: str, platform: str | Platform, seed: int = 0, *,
@@ -114,7 +117,7 @@ class Emulator:
                  bus_timing: bool = False, faults: Faults | None = None,
                  link: str | Path | None = None, step_per_read: float | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 payload_kg: float = 0.0) -> None:
+                 payload_kg: float = 0.0, grasp: bool = False) -> None:
         self.platform = platform if isinstance(platform, Platform) else load_platform(platform)
         hw = self.platform.hardware
         if bus not in SPEC_BY_BUS:
@@ -138,7 +141,7 @@ class Emulator:
         if arm is None:
             arm = "leader" if leader else "world"
         if isinstance(arm, str):
-            arm = make_arm(arm, self.platform, seed, supply, payload_kg)
+            arm = make_arm(arm, self.platform, seed, supply, payload_kg, grasp)
         elif payload_kg:
             raise ValueError("payload_kg applies to an arm model made by name ('world')")
         self.arm: ArmModel = arm
