@@ -111,6 +111,31 @@ def test_loss_gradient_wrt_extrinsic_matches_finite_differences(scene):
     assert grad.numpy() == pytest.approx(numeric.numpy(), rel=1e-4, abs=1e-6)
 
 
+def _render_and_grads(device: str, q: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """Soft mask, dloss/dq and dloss/dxi of the SO-101 at ``q`` through so101_front (80x60),
+    against the ray caster's masks, computed on ``device``; returned on the CPU."""
+    cam = load_camera("so101_front").at_resolution(80, 60)
+    target = torch.tensor(RayCastRenderer("so101", cam).render(q) > 0, dtype=torch.float32)
+    cam = cam.to(device)
+    renderer = SilhouetteRenderer(ArmScene("so101"), device=device)
+    qt = torch.tensor(q, dtype=torch.float32, device=device, requires_grad=True)
+    mask = renderer(qt, cam, sigma=1.0)["mask"]
+    soft_iou_loss(mask, target.to(device)).backward()
+    return mask.detach().cpu(), qt.grad.cpu(), cam.xi.grad.cpu()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (CPU-only machine)")
+def test_the_silhouette_renderer_runs_on_cuda_like_on_cpu():
+    """Issue 20: one renderer for CPU and CUDA. The same states give the same soft masks and
+    the same gradients (joints and camera extrinsic) on both devices, to float32 rounding."""
+    q = _states(4, seed=3)
+    cpu, gpu = _render_and_grads("cpu", q), _render_and_grads("cuda", q)
+    assert cpu[0].sum() > 100  # the arm is in view
+    torch.testing.assert_close(gpu[0], cpu[0], rtol=0, atol=1e-4)
+    for a, b in zip(gpu[1:], cpu[1:], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
 def test_calibrate_raises_the_iou_from_a_perturbed_camera(scene):
     """A small case (2 frames, 30 iterations): silhouettes alone pull a camera that is 2 cm /
     2 deg off back onto the masks. Few frames constrain depth weakly, so this asserts the IoU;
