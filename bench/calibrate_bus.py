@@ -324,9 +324,6 @@ def replay_point(minutes: float, a: argparse.Namespace, folder: Path) -> dict[st
     from nactuator.experiments.adapt import adapt, load_adapt_config
     from nactuator.guide.calibrate import _adapt_config, fit_horizon
     from nactuator.guide.protocol import adapt_steps, load_protocol
-    from nactuator.hardware.emulator import Emulator
-    from nactuator.hardware.emulator.world_arm import WorldArm
-    from nactuator.hardware.recorder import record
     from nactuator.platforms import load_platform
 
     design = yaml.safe_load((conf_dir() / "bench" / "calibrate_curve.yaml").read_text())
@@ -336,34 +333,10 @@ def replay_point(minutes: float, a: argparse.Namespace, folder: Path) -> dict[st
     runs = [ep for ep in read_dataset(subset).episodes if ep.split == "train"]
     if len(runs) != n:
         raise UserError(f"{subset}: expected {n} train runs, found {len(runs)}")
-    arm = WorldArm(p, seed=a.seed, world=project_root() / a.world)
-    lead = ReplayLeader(p.n, p.fps)
-    leader = Emulator("feetech", p, seed=a.leader_seed, arm=lead, step_per_read=1.0 / p.fps)
-    follower = Emulator("feetech", p, seed=a.seed, arm=arm,
-                        step_per_read=1.0 / p.fps if a.lockstep else None)
-    folders = []
+    folders = [folder / "runs" / f"{i:03d}" for i in range(len(runs))]
     t0 = time.perf_counter()
-    with leader, follower:
-        for i, ep in enumerate(runs):
-            run_dir = folder / "runs" / f"{i:03d}"
-            folders.append(run_dir)
-            if (run_dir / "done.json").is_file():
-                continue
-            kg = float(ep.meta["payload_kg"])
-            with follower._lock:  # the object between the jaws (its weight while pressed)
-                arm.set_payload(kg, grasp=True)
-            play(leader, lead, ep.frames["q_cmd"])
-            preposition(p, follower.port, ep.frames["q_cmd"][0], a.preposition_s)
-            import shutil
-
-            shutil.rmtree(run_dir, ignore_errors=True)
-            text = record(p, leader.port, follower.port, task=ep.task, episodes=1,
-                          seconds=ep.length / p.fps, out=run_dir, payload_g=kg * 1000.0,
-                          progress=a.progress)
-            print(f"[{i + 1}/{n}] {text}", flush=True)
-            write_json(run_dir / "done.json", {"source": ep.meta.get("adapt_source")})
-        emu = {"leader": dict(leader.stats), "follower": dict(follower.stats),
-               "wall_s": time.perf_counter() - t0}
+    stats = replay_runs(a, runs, folders, split="train", label="")
+    emu = {**stats, "wall_s": time.perf_counter() - t0}
     if a.labels == "synth":
         folders = [synth_labelled(f, ep) for f, ep in zip(folders, runs, strict=True)]
     proto = load_protocol(p.name)
@@ -471,16 +444,29 @@ def record_held_out(a: argparse.Namespace, out: Path) -> list[Path]:
     weight between the jaws and labelled, as :func:`replay_point` records the train runs.
     Resumable."""
     from nactuator.data import read_dataset
+
+    runs = [ep for ep in read_dataset(a.held_out).episodes if ep.split == "test"]
+    folders = [out / "held_out_bus" / f"{i:03d}" for i in range(len(runs))]
+    if all((f / "done.json").is_file() for f in folders):
+        return folders
+    replay_runs(a, runs, folders, split="test", label="held out ")
+    return folders
+
+
+def replay_runs(a: argparse.Namespace, runs: list[Any], folders: list[Path], split: str,
+                label: str) -> dict[str, Any]:
+    """Record each of ``runs`` through the bus into its folder: the replay leader plays the
+    run's commands into ``record`` (``split``), the follower (the unseen world arm) holds the
+    run's weight between its jaws and is first brought to the run's first command. A folder
+    with its done.json is kept (resumable). Returns both emulators' statistics."""
+    import shutil
+
     from nactuator.hardware.emulator import Emulator
     from nactuator.hardware.emulator.world_arm import WorldArm
     from nactuator.hardware.recorder import record
     from nactuator.platforms import load_platform
 
     p = load_platform(a.platform)
-    runs = [ep for ep in read_dataset(a.held_out).episodes if ep.split == "test"]
-    folders = [out / "held_out_bus" / f"{i:03d}" for i in range(len(runs))]
-    if all((f / "done.json").is_file() for f in folders):
-        return folders
     arm = WorldArm(p, seed=a.seed, world=project_root() / a.world)
     lead = ReplayLeader(p.n, p.fps)
     leader = Emulator("feetech", p, seed=a.leader_seed, arm=lead, step_per_read=1.0 / p.fps)
@@ -495,15 +481,14 @@ def record_held_out(a: argparse.Namespace, out: Path) -> list[Path]:
                 arm.set_payload(kg, grasp=True)
             play(leader, lead, ep.frames["q_cmd"])
             preposition(p, follower.port, ep.frames["q_cmd"][0], a.preposition_s)
-            import shutil
-
             shutil.rmtree(run_dir, ignore_errors=True)
             text = record(p, leader.port, follower.port, task=ep.task, episodes=1,
                           seconds=ep.length / p.fps, out=run_dir, payload_g=kg * 1000.0,
-                          split="test", progress=a.progress)
-            print(f"[held out {i + 1}/{len(runs)}] {text}", flush=True)
-            write_json(run_dir / "done.json", {"episode": i})
-    return folders
+                          split=split, progress=a.progress)
+            print(f"[{label}{i + 1}/{len(runs)}] {text}", flush=True)
+            write_json(run_dir / "done.json", {"episode": i,
+                                               "source": ep.meta.get("adapt_source")})
+        return {"leader": dict(leader.stats), "follower": dict(follower.stats)}
 
 
 def synth_train(root: Path, seed: int, runs: int, out: Path) -> Path:
