@@ -8,8 +8,10 @@ Per fold of ``nactuator cv``'s 4-fold split: the input filters' pooled statistic
 ``nactuator.input_filters``) of every episode, normalised per motor with the train split's
 mean and std as the feature builder does, and a :class:`~nactuator.models.heads.
 PooledConditionHead` (per motor or ``shared``) fitted on the train split's labelled frames
-alone (BCE on every motor's label, batches of 1024 frames, Adam at 0.03, ``--steps``; under
-``cosine``: the recipes' 100-step warm-up and cosine, as the head gets inside training).
+alone (BCE on every motor's label, Adam at 0.03, ``--steps``; under ``cosine``: the
+recipes' 100-step warm-up and cosine, as the head gets inside training), on batches of
+1024 frames drawn from the whole train split (``--batches frames``) or, as in training,
+16 contiguous segments at the recipe's horizon (``--batches segments --steps 288``).
 Scored like ``nactuator eval``'s condition rows: the held-out 64-frame windows (stride 32)
 of the degraded motor, a window's score its frames' mean P(degraded) (> 0.5: degraded);
 and on the onset world (``--onset``, never trained on) per faulted run: flagged (P > 0.5
@@ -58,8 +60,25 @@ def normalise(episodes: list[Episode], train: list[Episode]) -> list[Episode]:
     return [(np.nan_to_num((x - mean) / std).astype(np.float32), y) for x, y in episodes]
 
 
+# conf/train/nad_*.yaml's horizon curriculum (epoch: frames) at 8 steps of 16 segments an epoch
+HORIZON = {0: 16, 3: 32, 6: 64, 11: 96, 18: 128, 26: 192}
+
+
+def _segments(train: list[Episode], step: int, rng: np.random.Generator
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """What the recipe's step feeds the head: 16 contiguous segments at that epoch's horizon."""
+    horizon = max(v for k, v in HORIZON.items() if k <= step // 8)
+    xs, ys = [], []
+    for _ in range(16):
+        x, y = train[rng.integers(len(train))]
+        s = int(rng.integers(0, max(len(x) - horizon, 1)))
+        xs.append(x[s:s + horizon])
+        ys.append(y[s:s + horizon])
+    return np.concatenate(xs), np.concatenate(ys)
+
+
 def fit(train: list[Episode], shared: bool, hidden: int, steps: int, schedule: str,
-        seed: int = 0) -> PooledConditionHead:
+        batches: str = "frames", seed: int = 0) -> PooledConditionHead:
     torch.manual_seed(seed)
     x = torch.tensor(np.concatenate([x for x, _ in train]))
     labels = np.concatenate([y for _, y in train])
@@ -68,16 +87,22 @@ def fit(train: list[Episode], shared: bool, hidden: int, steps: int, schedule: s
     head = PooledConditionHead(x.shape[2], x.shape[1], hidden, shared=shared)
     optimiser = torch.optim.Adam(head.parameters(), lr=0.03)
     generator = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
     for step in range(steps):
         if schedule == "cosine":  # the recipes' warm-up (100 steps) and cosine
             factor = ((step + 1) / 101 if step < 100 else
                       0.5 * (1 + math.cos(math.pi * (step - 100) / max(steps - 100, 1))))
             for group in optimiser.param_groups:
                 group["lr"] = 0.03 * factor
-        rows = torch.randint(0, len(x), (1024,), generator=generator)
-        loss = F.binary_cross_entropy_with_logits(head(x[rows]), degraded[rows],
-                                                  reduction="none")
-        loss = (loss * known[rows]).sum() / known[rows].sum().clamp(min=1)
+        if batches == "segments":
+            xb, yb = _segments(train, step, rng)
+            bx, bk = torch.tensor(xb), torch.tensor(np.isfinite(yb))
+            bd = torch.tensor(np.nan_to_num(yb, nan=1.0) < 0.5).float()
+        else:
+            rows = torch.randint(0, len(x), (1024,), generator=generator)
+            bx, bk, bd = x[rows], known[rows], degraded[rows]
+        loss = F.binary_cross_entropy_with_logits(head(bx), bd, reduction="none")
+        loss = (loss * bk).sum() / bk.sum().clamp(min=1)
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
@@ -132,6 +157,9 @@ def main() -> None:
     ap.add_argument("--schedule", nargs="+", default=["constant"],
                     choices=["constant", "cosine"])
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batches", default="frames", choices=["frames", "segments"],
+                    help="frames: 1024 frames drawn from the whole train split a step; "
+                         "segments: the recipe's 16 contiguous segments (use --steps 288)")
     ap.add_argument("--frames", type=int, default=32)
     ap.add_argument("--folds", type=int, nargs="+", default=[0, 1, 2, 3])
     args = ap.parse_args()
@@ -148,7 +176,8 @@ def main() -> None:
             for hidden in args.hidden:
                 for schedule in args.schedule:
                     name = f"{kind} h{hidden} {schedule}"
-                    head = fit(train_n, kind == "shared", hidden, args.steps, schedule)
+                    head = fit(train_n, kind == "shared", hidden, args.steps, schedule,
+                               args.batches)
                     acc, auc = windows(test_n, scores(head, test_n), trained)
                     det = detection(onset_n, scores(head, onset_n), trained)
                     results.setdefault(name, []).append((acc, auc))
