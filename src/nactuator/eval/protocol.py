@@ -83,7 +83,10 @@ def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
     """Every metric of one episode's rollout, in reported units (deg / mm / N).
 
     ``causal`` (the ``infer`` path's per-frame ``force``/``gate`` on recorded state) adds
-    the model's deployment-mode force rows (``model_causal``) beside the rollout's."""
+    the model's deployment-mode force rows (``model_causal``) beside the rollout's, and,
+    where it holds ``force_residual`` (the end-effector force read from the model's torque
+    through the nominal inverse dynamics, :func:`nactuator.contact.residual_ee_force`),
+    the ``model_residual`` rows."""
     q_true = ep.frames["q"][1:].astype(np.float64)
     steps = len(q_true)
     out: dict = {"task": ep.task, "episode_index": ep.index, "episodes": 1, "steps": steps}
@@ -98,8 +101,12 @@ def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
     o = FORCE_LABEL_OFFSET
     f_label = force_labels(ep)[o:o + steps]
     out["force"] = {"model": M.force_block(ro.force, f_label, horizons)}
+    residual = None if causal is None else causal.get("force_residual")
     if causal is not None:
         out["force"]["model_causal"] = M.force_block(causal["force"][:steps], f_label, horizons)
+    if residual is not None:
+        residual = residual[:steps]
+        out["force"]["model_residual"] = M.force_block(residual, f_label, horizons)
     f_lin = None
     if linear is not None:
         f_lin = linear.predict(ep)[:steps]
@@ -107,7 +114,8 @@ def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
 
     payload = payload_estimates(ep, f_label, {"model": ro.force, "linear_regression": f_lin,
                                               "model_causal": None if causal is None
-                                              else causal["force"][:steps]})
+                                              else causal["force"][:steps],
+                                              "model_residual": residual})
     if payload is not None:
         out["payload"] = payload
 

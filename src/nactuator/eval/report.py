@@ -14,6 +14,7 @@ _METHOD_NAMES = {
     "linear_regression": "linear regression (train split)",
     # classical baselines (eval/baselines) and the model beside them on the recorded state
     "model_causal": "model (causal, recorded state)",
+    "model_residual": "model torque residual ID - tau (causal, end-effector least squares)",
     "model_rollout": "model (rollout)",
     "id-linear": "ID-Linear (classical)",
     "id-friction": "ID-Friction (classical)",

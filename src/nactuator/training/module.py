@@ -119,12 +119,16 @@ class NeuralActuatorModule(L.LightningModule):
             pooled statistics alone (feature group ``pooled``, ``data.pool_frames``;
             ``models.heads.PooledConditionHead``); None (default): the network's head.
         condition_lr: learning rate of that pooled condition head (default ``lr``).
-        external_torque: apply the labelled contacts of the data (``contact_link``,
-            ``contact_point``, ``contact_force``; docs/contact.md) in every training
-            rollout's simulator step as their joint torque ``J_p(q)^T f`` at the recorded
-            pose, so that ``tau`` learns the motor's torque alone instead of the net torque
-            that reproduces the motion (issue 23: the learned residual ``ID - tau`` then
-            holds the contact). Off by default (SPEC: the net torque).
+        external_torque: apply the labelled external forces of the data in every training
+            rollout's simulator step as their joint torque at the recorded pose: the
+            contacts (``contact_link``, ``contact_point``, ``contact_force``;
+            docs/contact.md) as ``J_p(q)^T f``, and on frames without one the end-effector
+            force label (``force``: a payload's weight) as ``J_ee(q)^T f`` at the
+            end-effector point (:meth:`contact_torque`), so that ``tau`` learns the motor's
+            torque alone instead of the net torque that reproduces the motion (issue 23:
+            the learned residual ``ID - tau`` then holds the external load; issue 26: the
+            payload's weight read from it, ``nactuator.contact.residual_ee_force``). Off by
+            default (SPEC: the net torque).
     """
 
     def __init__(
@@ -326,24 +330,43 @@ class NeuralActuatorModule(L.LightningModule):
 
     def contact_torque(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """With ``external_torque``: the joint torque (B, T, n) of the batch's labelled
-        contacts from its start frame on, at the recorded pose (no gradient: it is data);
-        None otherwise or when the batch has no contact."""
-        if not self.hparams.get("external_torque", False) or "contact_link" not in batch:
+        external forces from its start frame on, at the recorded pose (no gradient: it is
+        data); None otherwise or when the batch has none.
+
+        A frame with a labelled contact (``contact_link`` >= 0) gets that contact's
+        ``J_p(q)^T f``; any other frame with a nonzero end-effector force label (``force``:
+        a payload's weight, a push at the tip; unlabelled frames and axes are 0 N in the
+        batch) gets ``J_ee(q)^T f`` at the platform's end-effector point, where the world
+        applies a payload. A frame with a contact label uses it alone (the contact columns
+        describe the whole external force of that frame)."""
+        if not self.hparams.get("external_torque", False):
             return None
         start = self.window_length - 1
-        link = batch["contact_link"][:, start:]
-        if not (link >= 0).any():
+        q_dtype, q_device = batch["q"].dtype, batch["q"].device
+        link = batch["contact_link"][:, start:] if "contact_link" in batch else None
+        has_contact = link is not None and bool((link >= 0).any())
+        ee_force = batch["force"][:, start:] if "force" in batch else None
+        if ee_force is not None and has_contact:
+            ee_force = torch.where((link >= 0)[..., None], torch.zeros_like(ee_force), ee_force)
+        has_ee = ee_force is not None and bool((ee_force != 0).any())
+        if not (has_contact or has_ee):
             return None
         sim = self.simulator
-        B, T = link.shape
+        B, T = batch["q"].shape[0], batch["q"].shape[1] - start
+        tau = None
         with torch.no_grad():
-            body = sim.chain_bodies(link.reshape(-1))
-            q = batch["q"][:, start:].reshape(B * T, -1).to(torch.float64)
-            tau = sim.kinematics.point_torque(
-                q.to(sim.device), body.to(sim.device),
-                batch["contact_point"][:, start:].reshape(B * T, 3).to(sim.device),
-                batch["contact_force"][:, start:].reshape(B * T, 3).to(sim.device))
-        return tau.reshape(B, T, -1).to(batch["q"].dtype).to(batch["q"].device)
+            q = batch["q"][:, start:].reshape(B * T, -1).to(torch.float64).to(sim.device)
+            if has_contact:
+                body = sim.chain_bodies(link.reshape(-1))
+                tau = sim.kinematics.point_torque(
+                    q, body.to(sim.device),
+                    batch["contact_point"][:, start:].reshape(B * T, 3).to(sim.device),
+                    batch["contact_force"][:, start:].reshape(B * T, 3).to(sim.device))
+            if has_ee:
+                f = ee_force.reshape(B * T, 3).to(torch.float64).to(sim.device)
+                tip = torch.einsum("bkn,bk->bn", sim.kinematics.ee_jacobian(q), f)
+                tau = tip if tau is None else tau + tip
+        return tau.reshape(B, T, -1).to(q_dtype).to(q_device)
 
     def silhouette_renderer(self, camera_file: Any, device: torch.device) -> Any:
         """``q (K, n) -> soft silhouettes (K, h, w)`` through the camera in ``camera_file``
