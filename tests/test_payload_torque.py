@@ -24,6 +24,22 @@ def so101():
     return p, ArmDynamics.for_platform(p)
 
 
+@pytest.fixture(scope="module")
+def sim(so101):
+    from nactuator.sim import Simulator
+
+    return Simulator(so101[0])
+
+
+def module_on(sim, **kwargs):
+    """The test training module with the shared simulator (built once per file)."""
+    from test_training import make_module
+
+    module = make_module(**kwargs)
+    module._simulator, module._simulator_device = sim, "cpu"
+    return module
+
+
 def mujoco_ee_torque(p, q: np.ndarray, f: np.ndarray) -> np.ndarray:
     """``J_ee(q)^T f`` from MuJoCo's ``mj_jac`` at the platform's end-effector point (the
     point where the world hangs a payload, ``World._apply_ee_force``)."""
@@ -51,12 +67,10 @@ def payload_batch(p, rng: np.random.Generator, B: int = 3, T: int = 6) -> dict:
             "contact_point": torch.zeros(B, rows, 3), "contact_force": torch.zeros(B, rows, 3)}
 
 
-def test_ee_label_is_mujocos_jacobian_transpose_at_the_recorded_pose(so101):
-    from test_training import make_module
-
+def test_ee_label_is_mujocos_jacobian_transpose_at_the_recorded_pose(so101, sim):
     p, _ = so101
     batch = payload_batch(p, np.random.default_rng(0))
-    module = make_module(external_torque=True)
+    module = module_on(sim, external_torque=True)
     tau = module.contact_torque(batch)
     start = WINDOW - 1
     assert tau.shape == (3, batch["q"].shape[1] - start, p.n)
@@ -71,7 +85,7 @@ def test_ee_label_is_mujocos_jacobian_transpose_at_the_recorded_pose(so101):
     assert torch.equal(tau[..., p.gripper_indices], torch.zeros_like(tau[..., p.gripper_indices]))
 
 
-def test_contact_label_takes_its_frame_and_off_is_unchanged(so101):
+def test_contact_label_takes_its_frame_and_off_is_unchanged(so101, sim):
     from test_training import make_module
 
     p, _ = so101
@@ -80,7 +94,7 @@ def test_contact_label_takes_its_frame_and_off_is_unchanged(so101):
     # frame 2 of run 2 also has a link contact: its contact alone is applied there
     batch["contact_link"][2, start + 2] = 3.0
     batch["contact_force"][2, start + 2] = torch.tensor([1.0, -2.0, 0.5])
-    module = make_module(external_torque=True)
+    module = module_on(sim, external_torque=True)
     tau = module.contact_torque(batch)
     only_contact = {k: v.clone() for k, v in batch.items()}
     only_contact["force"] = torch.zeros_like(batch["force"])
@@ -161,3 +175,28 @@ def test_score_episode_adds_the_residual_rows():
                                                              if k != "force_residual"},
                                 horizons=(10,))
     assert "model_residual" not in no_residual["force"]
+
+
+def test_known_load_is_the_labelled_force_at_the_recorded_pose(so101, sim):
+    """``eval --known-load``: row i of each episode is J_ee^T f of its frame i (MuJoCo's
+    Jacobian), 0 N where unlabelled and past the episode's end."""
+    from nactuator.data import Episode
+    from nactuator.eval.protocol import known_load_torque
+
+    p, _ = so101
+    rng = np.random.default_rng(4)
+    episodes = []
+    for T in (7, 5):
+        label = np.full((T, 3), np.nan)
+        label[2:, 2] = -1.962
+        frames = {"q": rng.uniform(-1.0, 1.0, (T, p.n)).astype(np.float32), "force": label}
+        episodes.append(Episode(index=len(episodes), task="pick_and_place_200g", split="test",
+                                length=T, payload_mass=0.2, meta={}, frames=frames))
+    tau = known_load_torque(sim, episodes).numpy()
+    assert tau.shape == (2, 7, p.n)
+    for b, ep in enumerate(episodes):
+        for t in range(ep.length):
+            want = mujoco_ee_torque(p, ep.frames["q"][t].astype(np.float64),
+                                    np.nan_to_num(ep.frames["force"][t], nan=0.0))
+            np.testing.assert_allclose(tau[b, t], want, atol=1e-5)
+    assert not tau[1, 5:].any() and not tau[:, :2].any()

@@ -120,7 +120,8 @@ def _eval(a: argparse.Namespace) -> int:
     for ckpt, out in zip(a.ckpt, a.out, strict=True):
         print(evaluate(ckpt, a.data, split=a.split, out=out, device=a.device, cv=cv,
                        baselines=a.baselines, baselines_config=a.baselines_config,
-                       compare=a.compare, residual_force=a.residual_force))
+                       compare=a.compare, residual_force=a.residual_force,
+                       known_load=a.known_load))
     return 0
 
 
@@ -643,6 +644,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add the force read from the model's torque through the nominal "
                         "inverse dynamics (rows 'model_residual'; docs/contact.md); default: "
                         "on for a model trained with model.external_torque")
+    s.add_argument("--known-load", action="store_true",
+                   help="apply each episode's labelled end-effector force (a payload) in the "
+                        "rollout's simulator steps, as a model trained with "
+                        "model.external_torque was trained (not the protocol: the simulation "
+                        "is told the load)")
     s.set_defaults(func=_eval)
 
     s = sub.add_parser("calibrate-intervals", help="conformal scale of the force interval "

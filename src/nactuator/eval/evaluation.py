@@ -161,7 +161,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
              baselines: str | Sequence[str] | None = None,
              baselines_config: str | os.PathLike | None = None,
              compare: str | os.PathLike | None = None,
-             residual_force: bool | None = None) -> str:
+             residual_force: bool | None = None, known_load: bool = False) -> str:
     """Run the published protocol on every episode of ``split``; returns ``metrics.md``.
 
     Writes ``metrics.json`` (every per-episode, per-task and mean figure), ``metrics.md``
@@ -178,7 +178,9 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     (:func:`nactuator.contact.residual_ee_force` with the platform's joint damping,
     causal); None (default): on for a model
     trained with ``model.external_torque`` (its ``tau`` is the motor's share, so the
-    residual holds the load), off otherwise. Raises
+    residual holds the load), off otherwise. ``known_load`` applies each episode's
+    labelled end-effector force in the rollout's simulator steps (the simulation is told
+    the payload, as such a model was trained); off: the protocol. Raises
     :class:`EvalDataError` for data that cannot be evaluated with this checkpoint (other
     platform, a missing input channel, empty split).
     """
@@ -210,7 +212,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     scales, units = M.channel_scales([c.kind for c in platform.channels])
     sim = Simulator(platform, device=device)
     # Every episode of the split in one batch (eval mode, no autograd: deterministic).
-    rollouts = episode_rollouts(actuator, sim, episodes, device=device)
+    rollouts = episode_rollouts(actuator, sim, episodes, device=device, known_load=known_load)
     # The deployment path on the same episodes and inputs: recorded state, no simulator.
     causal = predict_episodes(actuator, episodes)
     if residual_force is None:
@@ -272,6 +274,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
         "weights": meta.get("weights"),
         "data": [str(p) for p in paths],
         "split": split,
+        **({"known_load": True} if known_load else {}),
         "cv": None if cv is None else {"folds": cv[0], "fold": cv[1]},
         "platform": platform.name,
         "device": device,

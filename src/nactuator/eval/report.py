@@ -136,6 +136,9 @@ def markdown_report(result: Mapping) -> str:
         c = result["compare"]
         lines.append(f"- compared checkpoint (rows 'compared checkpoint'): `{c['checkpoint']}`"
                      f", mode **{c['mode']}**, rolled out on the same episodes")
+    if result.get("known_load"):
+        lines.append("- **known load** (`--known-load`, not the protocol): every rollout step "
+                     "applies the episode's labelled end-effector force as J_ee(q)^T f")
     lines += [
         f"- data: {', '.join(f'`{d}`' for d in result['data'])}; split **{result['split']}**; "
         f"platform **{result['platform']}**",
