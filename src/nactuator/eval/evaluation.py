@@ -248,6 +248,10 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     }
     figures = verdict_figures(aggregate["all"]["mean"], platform.arm_indices)
     notes = []
+    if known_load:
+        notes.append("known load: the rollout's simulated state moves under the labelled "
+                     "force, so its force rows ('model') see the label: not a force estimate "
+                     "(the causal and residual rows read the recorded state only)")
     for h in horizons:
         short = [e for e in episodes if e.length - 1 < h]
         if short:
