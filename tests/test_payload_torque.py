@@ -14,6 +14,7 @@ from nactuator.contact import ee_force_from_torque, residual_ee_force
 from nactuator.contact.estimate import smoothed_velocity
 from nactuator.platforms import load_platform
 from nactuator.sim.dynamics import ArmDynamics
+from nactuator.training.losses import LossWeights
 
 WINDOW = 9
 
@@ -200,3 +201,37 @@ def test_known_load_is_the_labelled_force_at_the_recorded_pose(so101, sim):
                                     np.nan_to_num(ep.frames["force"][t], nan=0.0))
             np.testing.assert_allclose(tau[b, t], want, atol=1e-5)
     assert not tau[1, 5:].any() and not tau[:, :2].any()
+
+
+def test_motor_torque_target_is_the_nominal_inverse_dynamics_minus_the_load(so101, sim):
+    """``loss.w_motor``: the target is ID(q, qd_s, qdd) + damping qd_s - J_ee^T f at the
+    recorded states (the contact residual's causal filter), and a rollout whose arm torque
+    equals it scores 0."""
+    from nactuator.rollout import Rollout
+
+    p, dyn = so101
+    rng = np.random.default_rng(5)
+    batch = payload_batch(p, rng, T=12)
+    batch["qd"] = torch.tensor(rng.normal(0.0, 0.5, batch["q"].shape), dtype=torch.float32)
+    module = module_on(sim, external_torque=True, loss=LossWeights(w_motor=1.0))
+    target = module.motor_torque_target(batch)
+    start = WINDOW - 1
+    damping = np.array([c.damping for c in p.channels])
+    for b in range(3):
+        q, qd = batch["q"][b].double().numpy(), batch["qd"][b].double().numpy()
+        qd_s, qdd = smoothed_velocity(qd, p.control_dt)
+        with torch.no_grad():
+            tau_id = dyn.inverse_dynamics(torch.as_tensor(q), torch.as_tensor(qd_s),
+                                          torch.as_tensor(qdd)).numpy()
+        load = np.stack([mujoco_ee_torque(p, q[t], batch["force"][b, t].double().numpy())
+                         for t in range(start, q.shape[0])])
+        want = tau_id[start:] + damping * qd_s[start:] - load
+        np.testing.assert_allclose(target[b].double().numpy(), want, atol=1e-4)
+    steps = target.shape[1] - 1
+    zeros = torch.zeros(3, steps)
+    r = Rollout(q=batch["q"][:, start:], qd=batch["qd"][:, start:], tau=target[:, :steps],
+                force=torch.zeros(3, steps, 3), gate=zeros, gate_logit=zeros,
+                condition=torch.ones(3, steps, p.n), condition_logit=torch.zeros(3, steps, p.n))
+    assert module.motor_torque_loss(r, batch).item() == 0.0
+    off = {**r.__dict__, "tau": target[:, :steps] + 0.1}
+    assert module.motor_torque_loss(Rollout(**off), batch).item() > 0.0

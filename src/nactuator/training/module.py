@@ -215,6 +215,8 @@ class NeuralActuatorModule(L.LightningModule):
         # device), built on first use from the DataModule's camera files; a plain dict so
         # the cameras are no submodules.
         self._silhouette: dict[tuple[str, str], Any] = {}
+        # The nominal arm's inverse dynamics of loss.w_motor, built on first use.
+        self._physics: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ model and data
 
@@ -411,10 +413,60 @@ class NeuralActuatorModule(L.LightningModule):
                        for camera, f in files.items()}
             # one camera: the batch's plain mask keys; several: each camera's own
             render = next(iter(renders.values())) if len(renders) == 1 else renders
-        return rollout_losses(r, batch, self.loss_weights, self.window_length, self.revolute,
-                              self.prismatic, self.platform.control_dt,
-                              next_state_scale=self.actuator.state_scale if next_state else None,
-                              render=render, command=self.command_prior)
+        parts = rollout_losses(r, batch, self.loss_weights, self.window_length, self.revolute,
+                               self.prismatic, self.platform.control_dt,
+                               next_state_scale=self.actuator.state_scale if next_state else None,
+                               render=render, command=self.command_prior)
+        if self.loss_weights.w_motor > 0 and not next_state:
+            parts["motor"] = self.motor_torque_loss(r, batch)
+            parts["loss"] = parts["loss"] + self.loss_weights.w_motor * parts["motor"]
+        return parts
+
+    def motor_torque_target(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, T - L + 1, n) the torque the nominal simulator needs at the batch's recorded
+        states from its start frame on: ``ID(q, qd, qdd) + damping qd - tau_ext`` (qd through
+        the causal 5-frame mean of :func:`nactuator.contact.smoothed_velocity`, qdd its
+        backward difference; ``tau_ext`` the labelled external forces, :meth:`contact_torque`).
+        No gradient: a target made of data."""
+        from nactuator.contact.estimate import SMOOTH_FRAMES
+        from nactuator.sim.dynamics import ArmDynamics
+
+        if "dynamics" not in self._physics:  # a plain dict: not a submodule, not saved
+            self._physics["dynamics"] = ArmDynamics.for_platform(self.platform)
+        dyn = self._physics["dynamics"]
+        start = self.window_length - 1
+        with torch.no_grad():
+            q = batch["q"].to(torch.float64).cpu()
+            qd = batch["qd"].to(torch.float64).cpu()
+            B, T, n = qd.shape
+            padded = torch.cat([qd.new_zeros(B, SMOOTH_FRAMES - 1, n), qd], 1)
+            count = torch.clamp(torch.arange(1, T + 1, dtype=qd.dtype), max=SMOOTH_FRAMES)
+            qd_s = padded.unfold(1, SMOOTH_FRAMES, 1).sum(-1) / count[None, :, None]
+            qdd = torch.zeros_like(qd_s)
+            qdd[:, 1:] = (qd_s[:, 1:] - qd_s[:, :-1]) / self.platform.control_dt
+            rows = slice(start, T)
+            shape = (B * (T - start), n)
+            tau_id = dyn.inverse_dynamics(q[:, rows].reshape(shape),
+                                                     qd_s[:, rows].reshape(shape),
+                                                     qdd[:, rows].reshape(shape))
+            damping = torch.tensor([c.damping for c in self.platform.channels],
+                                   dtype=torch.float64)
+            target = tau_id.reshape(B, T - start, n) + damping * qd_s[:, rows]
+            ext = self.contact_torque(batch)
+            if ext is not None:
+                target = target - ext.to(torch.float64).cpu()
+        return target.to(batch["q"].dtype).to(batch["q"].device)
+
+    def motor_torque_loss(self, r: Rollout, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Huber (``loss.motor_beta``) of the rollout's arm-joint torque against
+        :meth:`motor_torque_target` on the scored steps (the gripper's grip is unlabelled)."""
+        steps = r.tau.shape[1]
+        target = self.motor_torque_target(batch)[:, :steps]
+        arm = list(self.platform.arm_indices)
+        err = torch.nn.functional.smooth_l1_loss(
+            r.tau[..., arm], target[..., arm], beta=self.loss_weights.motor_beta,
+            reduction="none").mean(-1)
+        return err[step_mask(r, batch)].mean()
 
     def rollout_metrics(self, r: Rollout, batch: dict[str, torch.Tensor]
                         ) -> dict[str, torch.Tensor]:
