@@ -45,10 +45,11 @@ def known_load_torque(sim, episodes: Sequence[Episode]) -> torch.Tensor:
     rows = max(ep.length for ep in episodes)
     out = torch.zeros(len(episodes), rows, sim.n, dtype=torch.float64)
     for b, ep in enumerate(episodes):
-        f = torch.as_tensor(np.nan_to_num(force_labels(ep), nan=0.0))
-        q = torch.as_tensor(np.asarray(ep.frames["q"], np.float64))
+        f = torch.as_tensor(np.nan_to_num(force_labels(ep), nan=0.0), device=sim.device)
+        q = torch.as_tensor(np.asarray(ep.frames["q"], np.float64), device=sim.device)
         with torch.no_grad():
-            out[b, :ep.length] = torch.einsum("tkn,tk->tn", sim.kinematics.ee_jacobian(q), f)
+            jac = sim.kinematics.ee_jacobian(q)
+            out[b, :ep.length] = torch.einsum("tkn,tk->tn", jac, f).cpu()
     return out
 
 
