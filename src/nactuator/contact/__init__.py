@@ -8,6 +8,7 @@ from .estimate import (
     calibrate_threshold,
     check_calibration,
     detect,
+    ee_force_from_torque,
     episode_residual,
     estimate_frame,
     estimate_frames,
@@ -15,11 +16,13 @@ from .estimate import (
     isolate,
     localise,
     model_sha256,
+    residual_ee_force,
     tare,
 )
 from .surface import LinkSurfaces, load_contact_config
 
 __all__ = ["ContactCalibration", "ContactEstimate", "ContactStream", "LinkSurfaces",
-           "calibrate_threshold", "check_calibration", "detect", "episode_residual",
-           "estimate_frame", "estimate_frames", "external_torque", "isolate",
-           "load_contact_config", "localise", "model_sha256", "tare"]
+           "calibrate_threshold", "check_calibration", "detect", "ee_force_from_torque",
+           "episode_residual", "estimate_frame", "estimate_frames", "external_torque",
+           "isolate", "load_contact_config", "localise", "model_sha256", "residual_ee_force",
+           "tare"]
