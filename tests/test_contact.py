@@ -236,12 +236,13 @@ def test_contact_filter_stream_equals_window_and_resets(so101):
     qs, taus, _, _ = _moving_press(surf, k, 40, q0, amp, 6, mu)
     settings = FilterSettings(release_frames=2, forget=0.9)
     filt = ContactFilter(surf, thr, mu, settings)
-    for q, tau in zip(qs, taus, strict=True):
+    for t, (q, tau) in enumerate(zip(qs, taus, strict=True)):  # every frame: the window so far
         est = filt.update(q, tau)
-    batch = localise_window(surf, qs, taus, thr, mu, settings)
-    assert est.link == batch.link == k
-    np.testing.assert_allclose(est.point_world, batch.point_world, atol=1e-9)
-    np.testing.assert_allclose(est.force, batch.force, rtol=1e-6, atol=1e-9)
+        batch = localise_window(surf, qs[:t + 1], taus[:t + 1], thr, mu, settings)
+        assert est.link == batch.link
+        np.testing.assert_allclose(est.point_world, batch.point_world, atol=1e-9)
+        np.testing.assert_allclose(est.force, batch.force, rtol=1e-6, atol=1e-9)
+    assert est.link == k
     assert filt.update(qs[-1], np.zeros(6)).link == -1 and filt.frames == len(qs)
     filt.update(qs[-1], np.zeros(6))
     assert filt.frames == 0  # reset after release_frames unflagged frames

@@ -14,7 +14,12 @@ dynamics (:mod:`nactuator.sim.dynamics`) and one of these motor-torque sources:
   run, the path ``nactuator infer`` runs (input filters, :func:`nactuator.rollout.causal_outputs`);
   ``{fold}`` in PATH names a per-fold model (e.g. adapted on that fold's training twins).
 
-``tip_only`` is today's estimate: the residual projected onto an end-effector force.
+``tip_only`` is today's estimate: the residual projected onto an end-effector force;
+``exact`` is the labelled contact's own joint torque (the estimator's best case). Every
+source is scored twice: one estimate per press (the hold's mean residual at its mean
+posture) and the contact filter (:class:`~nactuator.contact.estimate.ContactFilter`) run
+causally over the press's frames (``filter_*`` keys). ``--motion sweep`` presses an arm
+that moves (:func:`run_world`).
 
     PYTHONPATH=src python -m nactuator.contact.experiment --pairs 40 --folds 5 --out runs/contact \
         --ckpt learned=pretrained/so101
