@@ -21,7 +21,7 @@ import numpy as np
 
 from nactuator.atomic import write_png
 
-SOURCES = ("exact", "oracle_tared", "current_id_tared", "motor_tared")
+SOURCES = ("exact", "oracle_tared", "current_id_tared", "motor_tared", "motor_sweep_tared")
 
 
 def plot(static: dict, sweep: dict, out: Path, sources: tuple[str, ...] = SOURCES) -> None:
@@ -29,7 +29,7 @@ def plot(static: dict, sweep: dict, out: Path, sources: tuple[str, ...] = SOURCE
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, ax = plt.subplots(1, 2, figsize=(13, 4.0))
     bars = [(f"{nm}\n{kind}", s, nm)
             for kind, s in (("static", static), ("moving", sweep))
             for nm in sources if nm in s]
@@ -43,7 +43,7 @@ def plot(static: dict, sweep: dict, out: Path, sources: tuple[str, ...] = SOURCE
             a.bar(x + off, [s[nm][key]["mean"] for _, s, nm in bars], 0.4,
                   yerr=[s[nm][key]["std"] for _, s, nm in bars], label=lbl)
         a.axhline(target, color="k", ls="--", lw=0.8)
-        a.set_xticks(x, [b[0].replace("_tared", "") for b in bars], fontsize=7)
+        a.set_xticks(x, [b[0].replace("_tared", "") for b in bars], fontsize=7, rotation=30)
         a.set_ylabel(label)
     ax[0].legend(fontsize=7)
     fig.tight_layout()
