@@ -197,17 +197,19 @@ def _moving_press(surf, link, sample, q0, amp, frames, mu, magnitude=4.0, ramp=N
     return np.array(qs), np.array(taus), np.array(pts), f
 
 
+# A posture and the sweep around it (shoulder lift, elbow, wrist by 0.3 rad) for forearm presses.
+FOREARM_SWEEP = (np.array([0.1, -0.5, 0.7, 0.3, 0.0, 0.5]),
+                 np.array([0.0, 0.3, -0.3, 0.3, 0.0, 0.0]))
+
+
 @pytest.mark.parametrize("sample", [21, 63, 98])
 def test_contact_filter_localises_a_moving_forearm_press(so101, sample):
     """One frame of a forearm press gives 3 joint equations for 5 unknowns: the one-frame
     estimate misses the point by > 3 cm. Eight postures of the arm moving while pressed
     (shoulder lift, elbow, wrist by 0.3 rad) determine it: the filter is within 3 cm."""
     _, cfg, surf = so101
-    mu = float(cfg["friction"])
-    thr = np.full(4, 0.005)
-    k = surf.names.index("lower_arm")
-    q0 = np.array([0.1, -0.5, 0.7, 0.3, 0.0, 0.5])
-    amp = np.array([0.0, 0.3, -0.3, 0.3, 0.0, 0.0])
+    mu, thr, k = float(cfg["friction"]), np.full(4, 0.005), surf.names.index("lower_arm")
+    q0, amp = FOREARM_SWEEP
     qs, taus, pts, f = _moving_press(surf, k, sample, q0, amp, 8, mu)
     one = localise(surf, qs[0], taus[0], isolate(taus[0][:4], thr), mu)
     assert np.linalg.norm(one.point_world - pts[0]) > 0.03  # not determined by one frame
@@ -265,11 +267,8 @@ def test_contact_filter_restarts_its_fit_when_the_push_changes_size(so101):
     """A push that ramps up while the arm moves: one force over all frames misfits the ramp;
     with change_ratio the fit restarts while |tau_ext| grows and ends within 3 cm."""
     _, cfg, surf = so101
-    mu = float(cfg["friction"])
-    thr = np.full(4, 0.005)
-    k = surf.names.index("lower_arm")
-    q0 = np.array([0.1, -0.5, 0.7, 0.3, 0.0, 0.5])
-    amp = np.array([0.0, 0.3, -0.3, 0.3, 0.0, 0.0])
+    mu, thr, k = float(cfg["friction"]), np.full(4, 0.005), surf.names.index("lower_arm")
+    q0, amp = FOREARM_SWEEP
     ramp = np.minimum(1.0, np.linspace(0.1, 3.0, 24))  # 10 % -> 100 % over 8 frames, held
     qs, taus, pts, _ = _moving_press(surf, k, 63, q0, amp, 24, mu, ramp=ramp)
     errors = {}
