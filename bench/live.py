@@ -220,8 +220,8 @@ def contact_calibration(path: Path, model: Path, platform, threshold: float) -> 
 
 
 def bench_contact(timing: bool, seconds: float, actuator, model: Path,
-                  user_file: str | None = None, filters: dict = FILTERS
-                  ) -> list[tuple[str, dict]]:
+                  user_file: str | None = None, filters: dict = FILTERS,
+                  estimator: str | None = None) -> list[tuple[str, dict]]:
     """The SO-101 loop with contact off / idle / in contact (and the user's file), one
     emulator, one after the other."""
     from nactuator.contact import ContactStream
@@ -240,7 +240,8 @@ def bench_contact(timing: bool, seconds: float, actuator, model: Path,
             with open_bus(p, str(link)) as b:
                 b.wait_ready()
                 for case in ("off", *files):
-                    stream = None if case == "off" else ContactStream.open(files[case], p, model)
+                    stream = (None if case == "off"
+                              else ContactStream.open(files[case], p, model, estimator))
                     loop = LiveLoop(actuator, b, p, b.read_goal(), input_filters=filters,
                                     contact=stream)
                     cpu = time.process_time()
@@ -270,6 +271,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--contact", nargs="?", const="", default=None, metavar="FILE",
                     help="only the SO-101 loop with contact off / idle / in contact (and "
                          "with FILE, a calibration of --model, as it is)")
+    ap.add_argument("--contact-estimator", choices=["frame", "filter"], default=None,
+                    help="with --contact: the estimator (default: conf/contact/so101.yaml's)")
     ap.add_argument("--pool", type=int, default=None, metavar="FRAMES",
                     help="also run the untrained model with pooled statistics over FRAMES")
     args = ap.parse_args(argv)
@@ -367,7 +370,8 @@ def main_contact(args, timings) -> None:
         print("|" + "---|" * 10)
         for timing in timings:
             cases = bench_contact(timing, args.seconds, actuator, model_path,
-                                  args.contact or None, meta["input_filters"])
+                                  args.contact or None, meta["input_filters"],
+                                  args.contact_estimator)
             base = cases[0][1]["total_p50_ms"]
             for case, s in cases:
                 contact = (f"{s['contact_p50_ms']:.2f}/{s['contact_p99_ms']:.2f}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import mujoco
 import numpy as np
 import pytest
+import scipy.optimize
 
 from nactuator.contact import (
     LinkSurfaces,
@@ -14,6 +15,13 @@ from nactuator.contact import (
     isolate,
     load_contact_config,
     localise,
+)
+from nactuator.contact.estimate import (
+    ContactFilter,
+    FilterSettings,
+    _pyramid,
+    localise_window,
+    nnls_gram,
 )
 from nactuator.platforms import load_platform
 from nactuator.world import World, load_world
@@ -170,3 +178,104 @@ def test_batched_pyramid_fit_matches_scipy_nnls(so101):
         # Optimal: never worse than scipy, and equal up to the tie tolerance (1e-6 |tau|).
         assert (res <= ref + 1e-6 * np.linalg.norm(tau) + 1e-12).all()
         assert (res >= ref - 1e-9).all()
+
+
+def _moving_press(surf, link, sample, q0, amp, frames, mu, magnitude=4.0, ramp=None):
+    """Postures q0 + amp * s (s in 0..1) and the exact joint torque J_p(q)^T f of a press at
+    surface sample ``sample`` of ``link``, f fixed in the base frame (into the surface, the
+    friction pyramid's centre, at the first posture); ``ramp`` (frames,) scales f per frame."""
+    qs, taus, pts, f = [], [], [], None
+    for n, s in enumerate(np.linspace(0.0, 1.0, frames)):
+        q = q0 + amp * s
+        pw, _, d = surf.world_points(q, link, local=surf.points[link][sample])
+        if f is None:
+            R = d.xmat[surf.bodies[link]].reshape(3, 3)
+            f = magnitude * _pyramid(R @ surf.normals[link][sample], mu).mean(1)
+        qs.append(q)
+        taus.append(surf.point_jacobian(d, link, pw[0]).T @ f * (1.0 if ramp is None else ramp[n]))
+        pts.append(pw[0])
+    return np.array(qs), np.array(taus), np.array(pts), f
+
+
+# A posture and the sweep around it (shoulder lift, elbow, wrist by 0.3 rad) for forearm presses.
+FOREARM_SWEEP = (np.array([0.1, -0.5, 0.7, 0.3, 0.0, 0.5]),
+                 np.array([0.0, 0.3, -0.3, 0.3, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("sample", [21, 63, 98])
+def test_contact_filter_localises_a_moving_forearm_press(so101, sample):
+    """One frame of a forearm press gives 3 joint equations for 5 unknowns: the one-frame
+    estimate misses the point by > 3 cm. Eight postures of the arm moving while pressed
+    (shoulder lift, elbow, wrist by 0.3 rad) determine it: the filter is within 3 cm."""
+    _, cfg, surf = so101
+    mu, thr, k = float(cfg["friction"]), np.full(4, 0.005), surf.names.index("lower_arm")
+    q0, amp = FOREARM_SWEEP
+    qs, taus, pts, f = _moving_press(surf, k, sample, q0, amp, 8, mu)
+    one = localise(surf, qs[0], taus[0], isolate(taus[0][:4], thr), mu)
+    assert np.linalg.norm(one.point_world - pts[0]) > 0.03  # not determined by one frame
+    filt = ContactFilter(surf, thr, mu, FilterSettings())
+    for q, tau in zip(qs, taus, strict=True):
+        est = filt.update(q, tau)
+    assert est.link == k
+    assert np.linalg.norm(est.point_world - pts[-1]) < 0.03
+    np.testing.assert_allclose(est.force, f, atol=0.05 * np.linalg.norm(f))
+    # The same filter on one posture (the press held still) is no better than one frame.
+    still = ContactFilter(surf, thr, mu)
+    for _ in range(8):
+        held = still.update(qs[0], taus[0])
+    assert np.linalg.norm(held.point_world - pts[0]) > 0.03
+
+
+def test_contact_filter_stream_equals_window_and_resets(so101):
+    """Frame by frame (ContactFilter) = the batch fit of the contact's window
+    (localise_window); unflagged frames in a row end the contact."""
+    _, cfg, surf = so101
+    mu = float(cfg["friction"])
+    thr = np.full(4, 0.005)
+    k = surf.names.index("wrist")
+    q0 = np.array([-0.2, -0.3, 0.5, 0.6, 0.3, 0.5])
+    amp = np.array([0.3, 0.2, 0.0, -0.3, 0.0, 0.0])
+    qs, taus, _, _ = _moving_press(surf, k, 40, q0, amp, 6, mu)
+    settings = FilterSettings(release_frames=2, forget=0.9)
+    filt = ContactFilter(surf, thr, mu, settings)
+    for t, (q, tau) in enumerate(zip(qs, taus, strict=True)):  # every frame: the window so far
+        est = filt.update(q, tau)
+        batch = localise_window(surf, qs[:t + 1], taus[:t + 1], thr, mu, settings)
+        assert est.link == batch.link
+        np.testing.assert_allclose(est.point_world, batch.point_world, atol=1e-9)
+        np.testing.assert_allclose(est.force, batch.force, rtol=1e-6, atol=1e-9)
+    assert est.link == k
+    assert filt.update(qs[-1], np.zeros(6)).link == -1 and filt.frames == len(qs)
+    filt.update(qs[-1], np.zeros(6))
+    assert filt.frames == 0  # reset after release_frames unflagged frames
+
+
+def test_nnls_gram_matches_stacked_nnls():
+    """The filter's accumulated normal equations give the stacked NNLS (scipy) optimum."""
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        D = rng.normal(size=(1, 3, 4))
+        A = rng.normal(size=(1, 9, 3)) @ D  # stacked frames' J^T D: rank <= 3
+        b = rng.normal(size=9)
+        At = np.swapaxes(A, 1, 2)
+        x, r2 = nnls_gram(At @ A, At @ b, float(b @ b), D)
+        ref, rnorm = scipy.optimize.nnls(A[0], b)
+        assert r2[0] == pytest.approx(rnorm ** 2, rel=1e-6, abs=1e-9)
+
+
+def test_contact_filter_restarts_its_fit_when_the_push_changes_size(so101):
+    """A push that ramps up while the arm moves: one force over all frames misfits the ramp;
+    with change_ratio the fit restarts while |tau_ext| grows and ends within 3 cm."""
+    _, cfg, surf = so101
+    mu, thr, k = float(cfg["friction"]), np.full(4, 0.005), surf.names.index("lower_arm")
+    q0, amp = FOREARM_SWEEP
+    ramp = np.minimum(1.0, np.linspace(0.1, 3.0, 24))  # 10 % -> 100 % over 8 frames, held
+    qs, taus, pts, _ = _moving_press(surf, k, 63, q0, amp, 24, mu, ramp=ramp)
+    errors = {}
+    for ratio in (0.0, 0.2):
+        filt = ContactFilter(surf, thr, mu, FilterSettings(change_ratio=ratio))
+        for q, tau in zip(qs, taus, strict=True):
+            est = filt.update(q, tau)
+        errors[ratio] = (est.link, np.linalg.norm(est.point_world - pts[-1]))
+    assert errors[0.2][0] == k and errors[0.2][1] < 0.03
+    assert errors[0.2][1] < errors[0.0][1]

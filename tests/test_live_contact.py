@@ -59,11 +59,21 @@ class Tap:
         return getattr(self.bus, name)
 
 
-def test_live_contact_is_what_infer_contact_gives_on_the_frames_it_read(tmp_path) -> None:
+@pytest.mark.parametrize("estimator", ["frame", "filter"])
+def test_live_contact_is_what_infer_contact_gives_on_the_frames_it_read(
+        tmp_path, monkeypatch, estimator) -> None:
     """Every cycle's contact columns equal `infer --contact`'s (eval.contact.contact_columns,
     the batch path over the recording) on the same frames: the causal residual (velocity
-    filter, tare over 0.25 s) and the surface search, frame by frame."""
-    from nactuator.contact import ContactStream
+    filter, tare over 0.25 s) and the surface search, frame by frame; with either estimator
+    of conf/contact/so101.yaml (each frame alone, or the contact filter over frames)."""
+    import nactuator.contact.estimate as estimate_mod
+    import nactuator.eval.contact as eval_contact
+    from nactuator.contact import ContactStream, load_contact_config
+
+    def config(platform, path=None):
+        return {**load_contact_config(platform, path), "estimator": estimator}
+    monkeypatch.setattr(estimate_mod, "load_contact_config", config)
+    monkeypatch.setattr(eval_contact, "load_contact_config", config)
     from nactuator.data import Episode
     from nactuator.data.episodes import filter_episode
     from nactuator.eval.contact import contact_columns

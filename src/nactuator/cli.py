@@ -120,7 +120,8 @@ def _eval(a: argparse.Namespace) -> int:
     for ckpt, out in zip(a.ckpt, a.out, strict=True):
         print(evaluate(ckpt, a.data, split=a.split, out=out, device=a.device, cv=cv,
                        baselines=a.baselines, baselines_config=a.baselines_config,
-                       compare=a.compare))
+                       compare=a.compare, residual_force=a.residual_force,
+                       known_load=a.known_load))
     return 0
 
 
@@ -639,6 +640,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a second checkpoint (or export) rolled out on the same episodes (its "
                         "joint rows beside the model's), e.g. a counterfactual beside a "
                         "telemetry model")
+    s.add_argument("--residual-force", default=None, action=argparse.BooleanOptionalAction,
+                   help="add the force read from the model's torque through the nominal "
+                        "inverse dynamics (rows 'model_residual'; docs/contact.md); default: "
+                        "on for a model trained with model.external_torque")
+    s.add_argument("--known-load", action="store_true",
+                   help="apply each episode's labelled end-effector force (a payload) in the "
+                        "rollout's simulator steps, as a model trained with "
+                        "model.external_torque was trained (not the protocol: the simulation "
+                        "is told the load)")
     s.set_defaults(func=_eval)
 
     s = sub.add_parser("calibrate-intervals", help="conformal scale of the force interval "

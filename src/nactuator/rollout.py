@@ -486,7 +486,7 @@ def eval_mode(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
 def rollout_episodes(actuator, step: StepFn,
                      episodes: Sequence[Mapping[str, object]] | Mapping[str, torch.Tensor],
                      start_velocity: str = "rest", device: str | torch.device | None = None,
-                     grad: bool = False) -> Rollout:
+                     grad: bool = False, tau_ext: torch.Tensor | None = None) -> Rollout:
     """Whole episodes rolled out together from frame 0 (the evaluation protocol).
 
     ``episodes``: per-episode frames (``{key: (T_b, n)}``, every channel of
@@ -497,6 +497,8 @@ def rollout_episodes(actuator, step: StepFn,
     ``torch.no_grad`` unless ``grad`` (then autograd is as the caller set it: planning
     differentiates the commands, validation runs under Lightning's inference mode).
     Returns the batched :class:`Rollout`; ``Rollout.episode(b, length)`` cuts one out.
+    ``tau_ext`` (B, >= steps, n): a known external joint torque added to step i's simulator
+    step (row i: the episode's frame i), e.g. a labelled payload; None (the protocol): none.
     """
     if start_velocity not in ("rest", "recorded"):
         raise ValueError(f"start_velocity must be 'rest' or 'recorded', got {start_velocity!r}")
@@ -510,4 +512,6 @@ def rollout_episodes(actuator, step: StepFn,
     if start_velocity == "rest":
         qd0 = torch.zeros_like(qd0)
     with eval_mode(actuator), (nullcontext() if grad else torch.no_grad()):
-        return closed_loop_rollout(actuator, step, block, window_length, q0=q0, qd0=qd0)
+        return closed_loop_rollout(actuator, step, block, window_length, q0=q0, qd0=qd0,
+                                   tau_ext=None if tau_ext is None else tau_ext.to(
+                                       block["q"].device, block["q"].dtype))

@@ -4,22 +4,33 @@ external joint-torque residual (docs/contact.md)."""
 from .estimate import (
     ContactCalibration,
     ContactEstimate,
+    ContactFilter,
     ContactStream,
+    FilterSettings,
     calibrate_threshold,
     check_calibration,
     detect,
+    ee_force_from_torque,
     episode_residual,
     estimate_frame,
     estimate_frames,
+    estimate_recording,
+    estimator_settings,
     external_torque,
+    filter_frames,
     isolate,
     localise,
+    localise_window,
     model_sha256,
+    residual_ee_force,
     tare,
 )
 from .surface import LinkSurfaces, load_contact_config
 
-__all__ = ["ContactCalibration", "ContactEstimate", "ContactStream", "LinkSurfaces",
-           "calibrate_threshold", "check_calibration", "detect", "episode_residual",
-           "estimate_frame", "estimate_frames", "external_torque", "isolate",
-           "load_contact_config", "localise", "model_sha256", "tare"]
+__all__ = ["ContactCalibration", "ContactEstimate", "ContactFilter", "ContactStream",
+           "FilterSettings", "LinkSurfaces", "calibrate_threshold", "check_calibration",
+           "detect", "ee_force_from_torque", "episode_residual", "estimate_frame",
+           "estimate_frames", "estimate_recording", "estimator_settings", "external_torque",
+           "filter_frames", "isolate", "load_contact_config", "localise", "localise_window",
+           "model_sha256", "residual_ee_force",
+           "tare"]

@@ -38,8 +38,11 @@ from .surface import LinkSurfaces, load_contact_config
 
 __all__ = ["CALIBRATION_FORMAT", "ContactCalibration", "ContactEstimate", "ContactStream",
            "calibrate_threshold", "check_calibration", "detect", "episode_residual",
-           "estimate_frame", "estimate_frames", "external_torque", "isolate", "localise",
-           "model_sha256", "nnls_small", "smoothed_velocity", "tare", "tare_frames", "tare_offset"]
+           "ContactFilter", "FilterSettings", "ee_force_from_torque", "estimate_frame",
+           "estimate_frames", "estimate_recording", "estimator_settings", "external_torque",
+           "filter_frames", "isolate", "localise", "localise_window", "model_sha256",
+           "nnls_gram", "nnls_small", "residual_ee_force", "smoothed_velocity", "tare",
+           "tare_frames", "tare_offset"]
 
 CALIBRATION_FORMAT = "nactuator-contact-calibration/1"
 # Frames at the start of a recording the residual is not trusted on: the model's window
@@ -74,6 +77,41 @@ def external_torque(dyn: ArmDynamics, q: np.ndarray, qd: np.ndarray, tau_motor: 
         tau_id = dyn.inverse_dynamics(torch.as_tensor(np.asarray(q, np.float64)),
                                       torch.as_tensor(qd_s), torch.as_tensor(qdd)).numpy()
     return tau_id - tau_motor
+
+
+def ee_force_from_torque(dyn: ArmDynamics, q: np.ndarray, tau_ext: np.ndarray) -> np.ndarray:
+    """(T, 3) the end-effector force [N, base frame, environment on the arm] that explains
+    the external joint torque ``tau_ext`` (T, n) best at each frame's pose ``q`` (T, n): the
+    least-squares solution of ``J_ee(q)^T f = tau_ext`` over the joints that move the
+    end-effector point (its chain: a gripper's jaw joint is not on it and its torque, the
+    grip, is left out), per frame. A non-finite row of ``tau_ext`` gives a NaN row."""
+    q = np.asarray(q, np.float64)
+    tau_ext = np.asarray(tau_ext, np.float64)
+    chain = list(dyn.kin.ee_ancestors)
+    with torch.inference_mode():
+        jac = dyn.kin.ee_jacobian(torch.as_tensor(q)).numpy()[:, :, chain]  # (T, 3, k)
+    # f = pinv(J^T) tau per frame; pinv handles a singular pose (no component along the
+    # direction the chain cannot feel) without blowing up.
+    pinv = np.linalg.pinv(np.transpose(jac, (0, 2, 1)))  # (T, 3, k)
+    return np.einsum("tik,tk->ti", pinv, tau_ext[:, chain])
+
+
+def residual_ee_force(dyn: ArmDynamics, q: np.ndarray, qd: np.ndarray, tau_motor: np.ndarray,
+                      dt: float, damping: np.ndarray | None = None) -> np.ndarray:
+    """(T, 3) the end-effector force read from a learned *motor* torque through physics:
+    ``tau_ext = ID(q, qd, qdd) + damping * qd - tau_motor`` (:func:`external_torque`, the
+    nominal arm, causal velocity filter; ``damping`` (n,) the simulator's viscous joint
+    damping, the platform's ``damping``, which the model's torque was trained through and
+    the rigid-body ID leaves out; None: 0) projected on the end-effector point by least
+    squares (:func:`ee_force_from_torque`). Linear in the external joint torque: a payload
+    of m held still reads ``-m g`` on z if ``tau_motor`` is the motor's share alone (a
+    model trained with ``model.external_torque``; a net-torque model's residual is ~0 under
+    a load it reproduces). Not tared: a payload may be held from the first frame on.
+    Causal: row t uses frames up to t only, as ``infer``/``live`` can."""
+    tau_ext = external_torque(dyn, q, qd, tau_motor, dt)
+    if damping is not None:
+        tau_ext = tau_ext + np.asarray(damping, np.float64) * smoothed_velocity(qd, dt)[0]
+    return ee_force_from_torque(dyn, q, tau_ext)
 
 
 def tare_frames(dt: float, seconds: float) -> int:
@@ -362,6 +400,294 @@ def estimate_frames(surfaces: LinkSurfaces, q: np.ndarray, tau_ext: np.ndarray,
     return out
 
 
+
+# --- Multi-posture estimate: a contact particle filter over the surface samples -----------
+
+def nnls_gram(gram: np.ndarray, rhs: np.ndarray, bb: float, D: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`nnls_small` from accumulated normal equations: min ||A x - b||^2 over x >= 0
+    where only ``gram`` = A^T A (P, 4, 4), ``rhs`` = A^T b (P, 4) and ``bb`` = b.b are kept
+    (stacked frames: sums of each frame's). Returns x (P, 4) and the squared residuals (P,).
+    Ties (within 1e-9 of the best) go to the smallest force ||D x||."""
+    P = gram.shape[0]
+    sol = _subset_solutions(gram, rhs)
+    scale = max(float(np.sqrt(bb)), 1e-12)
+    bad = ~(np.isfinite(sol) & (sol >= -1e-9 * scale))
+    x = np.zeros((P, len(_SUBSETS) + 1, 4))
+    x[:, 1:] = (np.where(bad, 0.0, np.maximum(sol, 0.0)) @ _SCATTER).reshape(P, -1, 4)
+    infeasible = (bad.astype(float) @ _SCATTER).reshape(P, -1, 4).any(-1)
+    quad = ((x @ gram) * x).sum(-1) - 2 * np.einsum("psi,pi->ps", x, rhs)
+    res2 = np.maximum(quad + bb, 0.0)
+    res2[:, 1:][infeasible] = np.inf
+    push = x @ np.swapaxes(D, 1, 2)
+    force = np.sqrt(np.einsum("psi,psi->ps", push, push))
+    tied = res2 <= res2.min(1, keepdims=True) + 1e-9 * bb
+    pick = np.argmin(np.where(tied, force, np.inf), axis=1)
+    rows = np.arange(P)
+    return x[rows, pick], res2[rows, pick]
+
+
+@dataclass
+class FilterSettings:
+    """``conf/contact/<platform>.yaml`` key ``filter`` (docs/contact.md, "The estimator"
+    step 5; the values measured in docs/results.md "Presses while the arm moves")."""
+
+    tie_tolerance: float = 0.005  # near-best fits (relative to the residual's norm) tie
+    release_frames: int = 3  # unflagged frames in a row that end a contact (reset)
+    forget: float = 1.0  # per-frame decay of the particles' accumulated fit (1: none)
+    link_tolerance: float = 0.0  # a more distal link must fit better by this x |threshold|
+    whiten: bool = False  # weigh each joint's equation by 1 / its threshold
+    beyond: int = 1  # links tried: moved by the isolated joint or the next `beyond` joints
+    change_ratio: float = 0.0  # |tau_ext| changed by more than this over change_frames: the
+    change_frames: int = 5     # push changed size (a ramp): restart the fit (0: never)
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> FilterSettings:
+        raw = dict(cfg.get("filter") or {})
+        unknown = set(raw) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise UserError(f"contact config: unknown filter key(s) {sorted(unknown)}")
+        return cls(**raw)
+
+
+def _candidates(surfaces: LinkSurfaces, joint: int, beyond: int = 1) -> list[int]:
+    """The links tried for isolated ``joint``: those moved last by it or by the ``beyond``
+    next joints (1: :func:`localise`'s; the first link where none is)."""
+    links = [k for k, j in enumerate(surfaces.last_joint) if joint <= j <= joint + beyond]
+    return links or [0]
+
+
+def _pick(surfaces: LinkSurfaces, cost: np.ndarray, effort: np.ndarray, stats: tuple,
+          tie_tolerance: float, links: list[int], link_margin: float = 0.0
+          ) -> tuple[int, int]:
+    """(link, sample) of the best accumulated fit ``cost`` (P,, squared) on ``links``
+    (:func:`_candidates`): proximal first, a more distal link only where it fits better by
+    more than the tolerance; within a link, of the samples within the tolerance of its best,
+    the smallest force ``effort`` (the minimum-effort prior of :func:`localise`). A more
+    distal link must also beat the proximal one by ``link_margin`` [N m per frame] (the
+    residual's noise: a distal link has more joints to fit it with).
+
+    ``stats`` = (b.b, the sum of the frames' tau_ext, their count; decayed alike). The fits
+    are compared as :func:`localise` compares one frame's: the cost less what no force at
+    one posture explains (the frames' scatter about their mean, or the best candidate's
+    cost where lower), per frame, against the tolerance x |mean tau_ext|; at one posture
+    this is :func:`localise` on the mean residual."""
+    bb, total, count = stats
+    mean = total / count
+    starts = np.cumsum([0] + [len(p) for p in surfaces.points])
+    # The scatter about the mean is the floor at one posture; moving, the best fit can be
+    # lower (the scatter is then signal), and the best candidate sets it.
+    best_cost = min(float(cost[starts[k]:starts[k + 1]].min()) for k in links)
+    floor = min(bb - count * float(mean @ mean), best_cost)
+    tol = tie_tolerance * max(float(np.linalg.norm(mean)), 1e-12)
+    fit = np.sqrt(np.maximum(cost - floor, 0.0) / count)
+    best: tuple[int, int, float] | None = None
+    for k in links:
+        at = slice(int(starts[k]), int(starts[k + 1]))
+        near = fit[at] <= fit[at].min() + tol
+        i = int(np.argmin(np.where(near, effort[at], np.inf)))
+        if best is None or fit[at][i] < best[2] - tol - link_margin:
+            best = (k, i, float(fit[at][i]))
+    return best[0], best[1]
+
+
+def _no_contact() -> ContactEstimate:
+    nan = np.full(3, np.nan)
+    return ContactEstimate(-1, nan, nan.copy(), nan.copy(), float("nan"))
+
+
+class ContactFilter:
+    """Causal multi-posture contact estimate: a contact particle filter (Manuelli & Tedrake
+    2016) whose particles are every surface sample of every contact link, with one force
+    per contact, constant in the base frame and inside the friction pyramid of the
+    contact's first frame's pose.
+
+    Each flagged frame adds, for every particle, that frame's equations ``J_p(q)^T D lam =
+    tau_ext`` to the particle's normal equations (a 4 x 4 Gram matrix, its right-hand side
+    and b.b); the particle's cost (2 sigma^2 times minus its log-weight, for a residual
+    noise sigma equal on every joint) is the NNLS residual of all its frames so far
+    (:func:`nnls_gram`). So the arm's postures during one contact add equations for the
+    shared point and force, which one frame of a 5-DoF arm cannot give (docs/contact.md
+    "Identifiability"). A contact ends (reset) after ``release_frames`` unflagged frames;
+    ``forget`` < 1 decays old frames; the fit restarts (the point search only: isolation
+    and the pyramids stay the contact's) when ``|tau_ext|`` changes by more than
+    ``change_ratio`` over ``change_frames`` frames, as while a push ramps up. The
+    estimate: the links of :func:`localise` for the joint isolated on the contact's mean
+    residual, the particle of :func:`_pick` on them,
+    and the force of this frame's NNLS at that particle. With a particle on every sample
+    (about 0.8 cm apart at 240 per link) the filter needs no resampling or diffusion: it is
+    deterministic and equals the batch fit of one point over the contact's frames
+    (:func:`localise_window`)."""
+
+    def __init__(self, surfaces: LinkSurfaces, threshold: np.ndarray, mu: float,
+                 settings: FilterSettings | None = None) -> None:
+        self.surfaces, self.mu = surfaces, float(mu)
+        self.threshold = np.asarray(threshold, float)
+        self.settings = settings or FilterSettings()
+        self.sizes = np.cumsum([0] + [len(p) for p in surfaces.points])
+        self.link_margin = self.settings.link_tolerance * float(np.linalg.norm(self.threshold))
+        self.weight = (1.0 / self.threshold if self.settings.whiten
+                       else np.ones(self.threshold.size))
+        if self.settings.whiten:  # fits compared in units of the thresholds
+            self.link_margin = self.settings.link_tolerance * np.sqrt(self.threshold.size)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the contact (no particle statistics)."""
+        self.D: np.ndarray | None = None
+        self.gram = self.rhs = None
+        self.bb = 0.0
+        self.tau_sum = np.zeros(self.threshold.size)
+        self.count = 0.0  # frames, decayed as the fit
+        self.norms: list[float] = []  # |tau_ext| of the contact's recent frames
+        self.contact_sum = np.zeros(self.threshold.size)  # the whole contact's residual
+        self.contact_frames = 0
+        self.frames = 0
+        self.quiet = 0
+
+    def _restart(self) -> None:
+        """Drop the accumulated fit (the push changed size), keep the contact going."""
+        self.gram = self.rhs = None
+        self.bb, self.count, self.frames = 0.0, 0.0, 0
+        self.tau_sum = np.zeros(self.threshold.size)
+
+    def _equations(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(P, m, 4) every particle's J^T D at q, and the world points (P, 3)."""
+        m = self.threshold.size
+        frames = self.surfaces.kinematics(np.asarray(q, float))
+        K = len(self.surfaces.names)
+        pts, nrm, _ = zip(*(self.surfaces.world_points(q, k, data=frames) for k in range(K)),
+                          strict=True)
+        if self.D is None:  # the contact's first frame fixes the friction pyramids
+            self.D = _pyramids(np.concatenate(nrm), self.mu)
+        jac = np.concatenate([self.surfaces.point_jacobians(frames, k, p)
+                              for k, p in enumerate(pts)])[:, :, :m]
+        return (np.swapaxes(jac, 1, 2) * self.weight[:, None]) @ self.D, np.concatenate(pts)
+
+    def update(self, q: np.ndarray, tau_ext: np.ndarray) -> ContactEstimate:
+        """Push one frame (``tau_ext`` (>= m,); NaN, e.g. a warm-up frame, counts as 0)."""
+        m = self.threshold.size
+        tau = np.nan_to_num(np.asarray(tau_ext, float)[:m], nan=0.0)
+        if not detect(tau, self.threshold):
+            self.quiet += 1
+            if self.quiet >= self.settings.release_frames:
+                self.reset()
+            return _no_contact()
+        self.quiet = 0
+        n = float(np.linalg.norm(tau))
+        self.norms = [*self.norms[-(self.settings.change_frames - 1):], n] \
+            if self.settings.change_frames > 1 else [n]
+        ratio = self.settings.change_ratio
+        if (ratio > 0 and self.frames and len(self.norms) == self.settings.change_frames
+                and abs(n - self.norms[0]) > ratio * self.norms[0]):
+            self._restart()
+        A, pts = self._equations(q)
+        b = tau * self.weight
+        self.contact_sum += b
+        self.contact_frames += 1
+        At = np.swapaxes(A, 1, 2)
+        g = self.settings.forget if self.frames else 0.0
+        self.gram = At @ A + (g * self.gram if self.frames else 0.0)
+        self.rhs = At @ b + (g * self.rhs if self.frames else 0.0)
+        self.bb = float(b @ b) + g * self.bb
+        self.tau_sum = b + g * self.tau_sum
+        self.count = 1.0 + g * self.count
+        self.frames += 1
+        lam, cost = nnls_gram(self.gram, self.rhs, self.bb, self.D)
+        force = (self.D @ lam[..., None])[..., 0]
+        # Isolation on the whole contact's mean residual (restarts of the fit aside): the
+        # residual's noise of a moving arm (friction) averages out over the contact.
+        links = _candidates(self.surfaces, isolate(self.contact_sum / self.contact_frames,
+                                                   self.threshold * self.weight),
+                            self.settings.beyond)
+        k, i = _pick(self.surfaces, cost, np.linalg.norm(force, axis=1),
+                     (self.bb, self.tau_sum, self.count), self.settings.tie_tolerance, links,
+                     self.link_margin)
+        return self._estimate(k, i, A, pts, b)
+
+    def _estimate(self, k: int, i: int, A: np.ndarray, pts: np.ndarray, b: np.ndarray
+                  ) -> ContactEstimate:
+        """Particle (k, i)'s point, and this frame's own NNLS force there (a push may vary
+        in size during the contact; the point does not)."""
+        j = int(self.sizes[k]) + i
+        lam, _ = nnls_small(A[j:j + 1], b, self.D[j:j + 1])
+        fit = (A[j] @ lam[0] - b) / self.weight
+        return ContactEstimate(k, self.surfaces.points[k][i].copy(), pts[j].copy(),
+                               (self.D[j] @ lam[0]).copy(), float(np.linalg.norm(fit)))
+
+
+def localise_window(surfaces: LinkSurfaces, q: np.ndarray, tau_ext: np.ndarray,
+                    threshold: np.ndarray, mu: float, settings: FilterSettings | None = None
+                    ) -> ContactEstimate:
+    """The batch form of :class:`ContactFilter` on one contact's window: the frames of
+    ``q`` (T, nq), ``tau_ext`` (T, >= m) that cross ``threshold`` stacked into one NNLS per
+    surface sample (one shared point and force). Equals the filter's estimate after those
+    frames when neither a ``release_frames`` gap nor a ``change_ratio`` restart falls inside
+    the window (tests/test_contact.py)."""
+    filt = ContactFilter(surfaces, threshold, mu, settings)
+    m = filt.threshold.size
+    tau = np.nan_to_num(np.asarray(tau_ext, float)[:, :m], nan=0.0)
+    on = np.flatnonzero(detect(tau, filt.threshold))
+    if not on.size:
+        return _no_contact()
+    eqs = [filt._equations(q[t]) for t in on]
+    A = np.concatenate([e[0] for e in eqs], axis=1)  # (P, m T, 4): every frame stacked
+    b = (tau[on] * filt.weight).reshape(-1)
+    decay = filt.settings.forget ** np.arange(on.size)[::-1]
+    if filt.settings.forget != 1.0:
+        w = np.repeat(np.sqrt(decay), m)
+        A, b = A * w[:, None], b * w
+    lam, res = nnls_small(A, b, filt.D)
+    force = (filt.D @ lam[..., None])[..., 0]
+    total, count = (decay[:, None] * tau[on] * filt.weight).sum(0), float(decay.sum())
+    k, i = _pick(surfaces, res ** 2, np.linalg.norm(force, axis=1),
+                 (float(b @ b), total, count), filt.settings.tie_tolerance,
+                 _candidates(surfaces, isolate(tau[on].mean(0) * filt.weight,
+                                               filt.threshold * filt.weight),
+                             filt.settings.beyond),
+                 filt.link_margin)
+    A_last, pts = eqs[-1]
+    return filt._estimate(k, i, A_last, pts, tau[on[-1]] * filt.weight)
+
+
+def filter_frames(surfaces: LinkSurfaces, q: np.ndarray, tau_ext: np.ndarray,
+                  threshold: np.ndarray, mu: float, settings: FilterSettings | None = None
+                  ) -> dict[str, np.ndarray]:
+    """:class:`ContactFilter` over the frames of one recording (``tau_ext`` (T, n) at ``q``
+    (T, nq)), frame by frame: what ``live --contact`` reports at each frame. Same keys as
+    :func:`estimate_frames`."""
+    T = tau_ext.shape[0]
+    out = {"link": np.full(T, -1, dtype=np.int64), "point_local": np.full((T, 3), np.nan),
+           "point": np.full((T, 3), np.nan), "force": np.full((T, 3), np.nan)}
+    filt = ContactFilter(surfaces, threshold, mu, settings)
+    for t in range(T):
+        est = filt.update(q[t], tau_ext[t])
+        out["link"][t] = est.link
+        out["point_local"][t] = est.point_local
+        out["point"][t] = est.point_world
+        out["force"][t] = est.force
+    return out
+
+
+def estimator_settings(cfg: dict) -> FilterSettings | None:
+    """The contact config's estimator: :class:`FilterSettings` for ``estimator: filter``
+    (the default), None for ``frame`` (each frame alone, :func:`estimate_frame`)."""
+    kind = cfg.get("estimator", "filter")
+    if kind not in ("filter", "frame"):
+        raise UserError(f"contact config: estimator {kind!r}: one of filter, frame")
+    return FilterSettings.from_config(cfg) if kind == "filter" else None
+
+
+def estimate_recording(surfaces: LinkSurfaces, q: np.ndarray, tau_ext: np.ndarray,
+                       threshold: np.ndarray, mu: float, settings: FilterSettings | None
+                       ) -> dict[str, np.ndarray]:
+    """Per frame of one recording with the configured estimator (:func:`estimator_settings`):
+    :func:`filter_frames` or, with None, :func:`estimate_frames`."""
+    if settings is None:
+        return estimate_frames(surfaces, q, tau_ext, threshold, mu)
+    return filter_frames(surfaces, q, tau_ext, threshold, mu, settings)
+
+
 def model_sha256(path: str | os.PathLike) -> str:
     """The model file's SHA-256: which torque model a calibration's thresholds belong to."""
     h = hashlib.sha256()
@@ -409,9 +735,13 @@ class ContactStream:
     as ``infer`` does for a recording."""
 
     def __init__(self, platform: Platform, calibration: ContactCalibration,
-                 surfaces: LinkSurfaces, mu: float) -> None:
+                 surfaces: LinkSurfaces, mu: float, settings: FilterSettings | None = None
+                 ) -> None:
         self.platform, self.surfaces, self.mu = platform, surfaces, float(mu)
         self.threshold = np.asarray(calibration.threshold, float)
+        # settings: the contact filter over frames (estimator: filter); None: each frame alone
+        self.filter = (None if settings is None
+                       else ContactFilter(surfaces, self.threshold, self.mu, settings))
         self.dyn = ArmDynamics.for_platform(platform)
         self.dt = platform.control_dt
         self.stop = tare_frames(self.dt, calibration.tare_seconds)
@@ -421,15 +751,18 @@ class ContactStream:
         self.offset: np.ndarray | None = None if self.stop else np.zeros((1, platform.n))
 
     @classmethod
-    def open(cls, path: str | os.PathLike, platform: Platform, model: str | os.PathLike
-             ) -> ContactStream:
-        """The stream of calibration file ``path``, checked against ``model``/``platform``."""
+    def open(cls, path: str | os.PathLike, platform: Platform, model: str | os.PathLike,
+             estimator: str | None = None) -> ContactStream:
+        """The stream of calibration file ``path``, checked against ``model``/``platform``;
+        ``estimator`` (``frame`` / ``filter``) overrides the contact config's."""
         calib = ContactCalibration.load(path)
         check_platform(path, calib, platform)  # before the platform's contact config is read
         cfg = load_contact_config(platform)
+        if estimator is not None:
+            cfg = {**cfg, "estimator": estimator}
         surfaces = LinkSurfaces.build(platform, cfg)
         check_calibration(path, calib, platform, model, surfaces)
-        return cls(platform, calib, surfaces, float(cfg["friction"]))
+        return cls(platform, calib, surfaces, float(cfg["friction"]), estimator_settings(cfg))
 
     def residual(self, q: np.ndarray, qd: np.ndarray, tau: np.ndarray) -> np.ndarray:
         """This frame's row of :func:`episode_residual` (n,)."""
@@ -450,4 +783,6 @@ class ContactStream:
 
     def push(self, q: np.ndarray, qd: np.ndarray, tau: np.ndarray) -> ContactEstimate:
         r = self.residual(q, qd, tau)
+        if self.filter is not None:
+            return self.filter.update(np.asarray(q, float), r)
         return estimate_frame(self.surfaces, np.asarray(q, float), r, self.threshold, self.mu)

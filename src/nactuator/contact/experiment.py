@@ -14,7 +14,12 @@ dynamics (:mod:`nactuator.sim.dynamics`) and one of these motor-torque sources:
   run, the path ``nactuator infer`` runs (input filters, :func:`nactuator.rollout.causal_outputs`);
   ``{fold}`` in PATH names a per-fold model (e.g. adapted on that fold's training twins).
 
-``tip_only`` is today's estimate: the residual projected onto an end-effector force.
+``tip_only`` is today's estimate: the residual projected onto an end-effector force;
+``exact`` is the labelled contact's own joint torque (the estimator's best case). Every
+source is scored twice: one estimate per press (the hold's mean residual at its mean
+posture) and the contact filter (:class:`~nactuator.contact.estimate.ContactFilter`) run
+causally over the press's frames (``filter_*`` keys). ``--motion sweep`` presses an arm
+that moves (:func:`run_world`).
 
     PYTHONPATH=src python -m nactuator.contact.experiment --pairs 40 --folds 5 --out runs/contact \
         --ckpt learned=pretrained/so101
@@ -42,6 +47,8 @@ from nactuator.world import World, load_world
 
 from .estimate import (
     EDGE_FRAMES,
+    ContactFilter,
+    FilterSettings,
     _pyramid,
     calibrate_threshold,
     detect,
@@ -63,12 +70,32 @@ def _schedule(t: np.ndarray, start: float, ramp: float, hold: float) -> np.ndarr
     return up - down
 
 
+MOTIONS = ("hold", "sweep")
+
+
+def _sweep(t: np.ndarray, start: float, duration: float) -> np.ndarray:
+    """0 -> 1 -> 0 raised cosine over [start, start + duration], 0 outside."""
+    u = np.clip((t - start) / duration, 0.0, 1.0)
+    return 0.5 - 0.5 * np.cos(2 * np.pi * u)
+
+
 def run_world(platform: str, pairs: int, seed: int, seconds: float = 5.0,
-              press_link: str | None = None, magnitude: float | None = None) -> dict:
+              press_link: str | None = None, magnitude: float | None = None,
+              motion: str = "hold") -> dict:
     """Simulate ``pairs`` contact runs and their twins; returns per-frame arrays.
 
     ``press_link`` / ``magnitude`` press every run on that link / with that peak force [N] instead
-    of the drawn ones (the draws are made anyway, so every other choice stays the same)."""
+    of the drawn ones (the draws are made anyway, so every other choice stays the same).
+    ``motion``: ``hold`` (the posture is held; the push direction is set into the surface at
+    the current pose every frame) or ``sweep`` (a person pushing a moving arm: while the
+    press is on, the command of 3 of the first 4 joints goes out and back by 0.2-0.4 rad,
+    a raised cosine over ramp + hold + ramp, kept 0.1 rad inside the joint ranges, the twin
+    with the same commands; the push
+    direction is fixed in the base frame at the press's first frame, the point fixed on the
+    link). The sweep's draws come after every ``hold`` draw, so both share postures, links,
+    points, forces and timing."""
+    if motion not in MOTIONS:
+        raise UserError(f"motion {motion!r}: one of {', '.join(MOTIONS)}")
     p = load_platform(platform)
     cfg = load_contact_config(p)
     surf = LinkSurfaces.build(p, cfg)
@@ -94,6 +121,20 @@ def run_world(platform: str, pairs: int, seed: int, seconds: float = 5.0,
     frames = int(round(seconds / p.control_dt))
     t = np.arange(frames) * p.control_dt
     sched = np.stack([_schedule(t, s, 0.2, 1.2) for s in start], 1) * mag  # (T, pairs)
+    offset = np.zeros((frames, 2 * pairs, n))  # the command's excursion from the posture
+    if motion == "sweep":
+        amp = np.zeros((pairs, n))
+        for e in range(pairs):
+            js = rng.choice(4, 3, replace=False)
+            amp[e, js] = rng.uniform(0.2, 0.4, 3) * rng.choice([-1.0, 1.0], 3)
+        prof = np.stack([_sweep(t, s, 0.2 + 1.2 + 0.2) for s in start], 1)  # (T, pairs)
+        offset = np.concatenate([prof[..., None] * amp] * 2, axis=1)
+        # Inside the joint ranges (0.1 rad off the stops: a stop pressing back is a contact)
+        lo, hi = surf.model.jnt_range[:n].T
+        limited = surf.model.jnt_limited[:n].astype(bool)
+        goal = np.concatenate([postures, postures])[None] + offset
+        goal = np.where(limited, np.clip(goal, lo + 0.1, hi - 0.1), goal)
+        offset = goal - np.concatenate([postures, postures])[None]
 
     world = World(p, params, seed=list(range(2 * pairs)), n_envs=2 * pairs)
     q0 = np.concatenate([postures, postures])
@@ -104,7 +145,10 @@ def run_world(platform: str, pairs: int, seed: int, seconds: float = 5.0,
     local = np.stack([surf.points[k][i] for k, i in zip(link, point_idx, strict=True)])
     normal_local = np.stack([surf.normals[k][i] for k, i in zip(link, point_idx, strict=True)])
     bodies = np.concatenate([surf.bodies[link], np.full(pairs, -1)])
+    frozen = np.full((pairs, 3), np.nan)  # sweep: the push direction once the press is on
     for k in range(frames):
+        if motion != "hold":
+            world.set_goal(q0 + offset[k])
         tel = world.telemetry()
         tel["q_cmd"] = world.goal()  # held: the posture
         for key in logs:
@@ -118,6 +162,11 @@ def run_world(platform: str, pairs: int, seed: int, seconds: float = 5.0,
             w = np.array([1.0, 1.0, 1.0, 1.0]) + tang[e]
             v = D @ (w / w.sum())
             dirs[e] = v / np.linalg.norm(v)
+            if motion != "hold":
+                if sched[k, e] > 0 and np.isnan(frozen[e, 0]):
+                    frozen[e] = dirs[e]
+                if not np.isnan(frozen[e, 0]):
+                    dirs[e] = frozen[e]
         force = dirs * np.concatenate([sched[k], np.zeros(pairs)])[:, None]
         f_world[k] = force[:pairs]
         world.set_link_contact(np.where(np.abs(force).sum(1) > 0, bodies, -1),
@@ -126,7 +175,7 @@ def run_world(platform: str, pairs: int, seed: int, seconds: float = 5.0,
     kp = np.asarray(world.servo.p["kp"], dtype=float).reshape(-1)[:n]
     return {"logs": logs, "force": f_world, "link": link, "local": local, "t": t,
             "control_dt": p.control_dt, "platform": p.name, "kp": kp,
-            "bodies": surf.bodies[link], "seed": seed}
+            "bodies": surf.bodies[link], "seed": seed, "motion": motion}
 
 
 def _run_frames(data: dict, e: int) -> dict[str, np.ndarray]:
@@ -248,10 +297,18 @@ def evaluate(data: dict, folds: int = 5, models: dict[str, str] | None = None) -
         for nm, path in models.items():
             sources[nm] = (learned[nm] if nm in learned
                            else model_torque(path.format(fold=f), data))
-        for (name, tau_motor), tared in [(s, t) for s in sources.items() for t in (False, True)]:
+        # exact: the labelled contact's own joint torque J_p(q)^T f at the recorded pose (no
+        # torque model, no dynamics error; 0 on the twins): what the estimator can do at best.
+        sources["exact"] = None
+        for (name, tau_motor), tared in [(s, t) for s in sources.items() for t in (False, True)
+                                         if not (s[0] == "exact" and t)]:
             # ID - motor (tau_id holds ID(q, qd, qdd)); only the joints that move a contact
             # link (the gripper's jaw joint carries none of these contacts).
-            res = (tau_id - tau_motor)[..., : int(surf.last_joint.max()) + 1]
+            if tau_motor is None:
+                res = np.concatenate([press_torque, np.zeros_like(press_torque)], axis=1)
+                res = res[..., : int(surf.last_joint.max()) + 1]
+            else:
+                res = (tau_id - tau_motor)[..., : int(surf.last_joint.max()) + 1]
             if tared:  # zeroed on the run's first contact-free second, as a tared F/T sensor
                 res = res - res[tare].mean(0, keepdims=True)
                 name = f"{name}_tared"
@@ -277,7 +334,8 @@ def _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, fold) -> dict
     idle = res[skip:-skip, pairs + test]
     false_alarm = float(detect(idle.reshape(-1, idle.shape[-1]), thr).mean())
     det, delays, iso, iso_tip, err_cm, err_tip_cm, ferr, ferr_tip = [], [], [], [], [], [], [], []
-    pressed = []
+    pressed, iso_f, err_f, ferr_f = [], [], [], []
+    settings = FilterSettings.from_config(cfg)
     for e in test:
         on = np.flatnonzero(mag[:, e] > 0)
         hold = np.flatnonzero(mag[:, e] >= 0.999 * mag[:, e].max())
@@ -309,15 +367,41 @@ def _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, fold) -> dict
         iso_tip.append(k == len(surf.names) - 1)
         err_tip_cm.append(100 * float(np.linalg.norm(p_ee - p_true[0])))
         ferr_tip.append(float(abs(np.linalg.norm(f_tip) - np.linalg.norm(f_true))))
+        # The contact filter, causally over the press's frames from its onset to the end of
+        # the hold (one point and force over the postures; estimate.ContactFilter).
+        # The last frame's estimate; where that frame is not flagged, the latest flagged
+        # frame's (what a user's display holds), at that frame's posture.
+        filt = ContactFilter(surf, thr, mu, settings)
+        est_f, t_f = filt.update(data["logs"]["q"][on[0], e], res[on[0], e]), on[0]
+        for t in range(on[0] + 1, hold[-1] + 1):
+            est = filt.update(data["logs"]["q"][t, e], res[t, e])
+            if est.link >= 0 or est_f.link < 0:
+                est_f, t_f = est, t
+        q_end = data["logs"]["q"][t_f, e]
+        p_end, _, _ = surf.world_points(q_end, k, data["local"][e])
+        iso_f.append(est_f.link == k)
+        err_f.append(100 * float(np.linalg.norm(est_f.point_world - p_end[0]))
+                     if est_f.link >= 0 else np.nan)
+        ferr_f.append(float(abs(np.linalg.norm(est_f.force)
+                                - np.linalg.norm(data["force"][t_f, e])))
+                      if est_f.link >= 0 else np.nan)
     return {"fold": fold, "detection": float(np.mean(det)), "false_alarm": false_alarm,
             "delay_ms": float(np.median(delays)) if delays else float("nan"),
             "isolation": float(np.mean(iso)), "localisation_cm": float(np.median(err_cm)),
             "force_err_n": float(np.median(ferr)), "tip_isolation": float(np.mean(iso_tip)),
             "tip_localisation_cm": float(np.median(err_tip_cm)),
             "tip_force_err_n": float(np.median(ferr_tip)), "events": len(det),
+            "filter_isolation": float(np.mean(iso_f)),
+            "filter_localisation_cm": float(np.nanmedian(err_f)),
+            "filter_force_err_n": float(np.nanmedian(ferr_f)),
             # per pressed link (NaN where the fold pressed it on no run >= 2 N)
             **{f"isolation_{nm}": (float(np.mean([i for i, kk in zip(iso, pressed, strict=True)
                                                    if kk == k])) if k in pressed else np.nan)
+               for k, nm in enumerate(surf.names)},
+            **{f"filter_isolation_{nm}": (float(np.mean([i for i, kk in zip(iso_f, pressed,
+                                                                            strict=True)
+                                                          if kk == k]))
+                                          if k in pressed else np.nan)
                for k, nm in enumerate(surf.names)}}
 
 
@@ -351,7 +435,7 @@ def _plot(summary: dict, path: Path) -> None:
 
 def _runs(a: argparse.Namespace, path: Path) -> dict:
     """The world runs: simulated, or read back from ``path`` (``--reuse``, same arguments)."""
-    key = [a.platform, a.pairs, a.seed, a.seconds]
+    key = [a.platform, a.pairs, a.seed, a.seconds] + ([] if a.motion == "hold" else [a.motion])
     if a.reuse and path.is_file():
         z = np.load(path, allow_pickle=False)
         if [str(x) for x in z["key"]] == [str(x) for x in key]:
@@ -359,9 +443,9 @@ def _runs(a: argparse.Namespace, path: Path) -> dict:
             return {"logs": logs, **{k: z[k] for k in ("force", "link", "local", "t", "kp",
                                                      "bodies")},
                     "control_dt": float(z["control_dt"]), "platform": str(z["platform"]),
-                    "seed": int(z["seed"])}
+                    "seed": int(z["seed"]), "motion": a.motion}
         print(f"{path}: made with {list(z['key'])}, not {key}; simulating again")
-    data = run_world(a.platform, a.pairs, a.seed, a.seconds)
+    data = run_world(a.platform, a.pairs, a.seed, a.seconds, motion=a.motion)
     np.savez(path, key=np.array([str(x) for x in key]),
              **{f"log_{k}": v for k, v in data["logs"].items()},
              **{k: v for k, v in data.items() if k != "logs"})
@@ -376,6 +460,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--out", default="runs/contact")
+    ap.add_argument("--motion", choices=MOTIONS, default="hold",
+                    help="hold: each run holds its posture; sweep: the arm's command moves "
+                         "through postures while pressed (run_world)")
     ap.add_argument("--ckpt", action="append", default=[], metavar="NAME=PATH",
                     help="a learned residual source: the actuator model at PATH (a checkpoint, "
                          "bundle or pretrained/NAME; '{fold}' in PATH: one model per fold); "

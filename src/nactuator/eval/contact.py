@@ -23,7 +23,8 @@ from nactuator.contact import (
     check_calibration,
     detect,
     episode_residual,
-    estimate_frames,
+    estimate_recording,
+    estimator_settings,
     load_contact_config,
     model_sha256,
 )
@@ -107,8 +108,10 @@ def contact_columns(platform: Platform, episodes: Sequence[Episode],
                               surf)
     thr = np.asarray(calib.threshold)
     res = residuals(platform, episodes, preds, calib.tare_seconds)
-    est = [estimate_frames(surf, np.asarray(ep.frames["q"], np.float64), r, thr,
-                           float(cfg["friction"])) for ep, r in zip(episodes, res, strict=True)]
+    settings = estimator_settings(cfg)
+    est = [estimate_recording(surf, np.asarray(ep.frames["q"], np.float64), r, thr,
+                              float(cfg["friction"]), settings)
+           for ep, r in zip(episodes, res, strict=True)]
     link = np.concatenate([e["link"] for e in est])
     names = np.array([*surf.names, ""], dtype=object)  # -1 (no contact) -> ""
     point = np.concatenate([e["point_local"] for e in est])

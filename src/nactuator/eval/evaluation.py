@@ -58,6 +58,27 @@ def actuator_scale(actuator) -> float:
     return float(calibration["scale"]) if calibration else GAUSSIAN_Z90
 
 
+RESIDUAL_DEFINITION = ("the end-effector force that explains ID(q, qd, qdd) + damping qd - "
+                       "tau by least squares over the end effector's chain: the model's "
+                       "causal torque on recorded state, the nominal arm and the simulator's "
+                       "joint damping, causal velocity filter, not tared")
+
+
+def add_residual_force(platform, episodes: Sequence, causal: list[dict]) -> None:
+    """Adds ``force_residual`` (T, 3) to each episode's causal outputs (in place): the
+    end-effector force :func:`nactuator.contact.residual_ee_force` reads from the model's
+    ``tau`` at the recorded state."""
+    from nactuator.contact import residual_ee_force
+    from nactuator.sim.dynamics import ArmDynamics
+
+    dyn = ArmDynamics.for_platform(platform)
+    damping = np.array([c.damping for c in platform.channels])
+    for ep, out in zip(episodes, causal, strict=True):
+        out["force_residual"] = residual_ee_force(
+            dyn, np.asarray(ep.frames["q"], np.float64), np.asarray(ep.frames["qd"], np.float64),
+            np.asarray(out["tau"], np.float64), platform.control_dt, damping)
+
+
 def verdict_figures(mean: dict, arm: list[int]) -> dict[str, float]:
     """The verdict's figures from an aggregate's ``mean`` block: arm-mean joint error of the
     model and of command following (full trajectory, deg), force 3-axis MAE of the model
@@ -139,7 +160,8 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
              horizons: Sequence[int] = M.HORIZONS, cv: tuple[int, int] | None = None,
              baselines: str | Sequence[str] | None = None,
              baselines_config: str | os.PathLike | None = None,
-             compare: str | os.PathLike | None = None) -> str:
+             compare: str | os.PathLike | None = None,
+             residual_force: bool | None = None, known_load: bool = False) -> str:
     """Run the published protocol on every episode of ``split``; returns ``metrics.md``.
 
     Writes ``metrics.json`` (every per-episode, per-task and mean figure), ``metrics.md``
@@ -150,7 +172,15 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     ``baselines_config`` is a partial YAML merged onto ``conf/eval/baselines.yaml``).
     ``compare`` is a second checkpoint of the same platform rolled out on the same episodes
     (joint rows ``compare``), e.g. a counterfactual model beside a telemetry-conditioned one:
-    the report names each checkpoint's mode (docs/counterfactual.md). Raises
+    the report names each checkpoint's mode (docs/counterfactual.md). ``residual_force``
+    adds the ``model_residual`` force rows: the end-effector force read from the model's
+    torque through the nominal inverse dynamics on the recorded state
+    (:func:`nactuator.contact.residual_ee_force` with the platform's joint damping,
+    causal); None (default): on for a model
+    trained with ``model.external_torque`` (its ``tau`` is the motor's share, so the
+    residual holds the load), off otherwise. ``known_load`` applies each episode's
+    labelled end-effector force in the rollout's simulator steps (the simulation is told
+    the payload, as such a model was trained); off: the protocol. Raises
     :class:`EvalDataError` for data that cannot be evaluated with this checkpoint (other
     platform, a missing input channel, empty split).
     """
@@ -182,9 +212,13 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     scales, units = M.channel_scales([c.kind for c in platform.channels])
     sim = Simulator(platform, device=device)
     # Every episode of the split in one batch (eval mode, no autograd: deterministic).
-    rollouts = episode_rollouts(actuator, sim, episodes, device=device)
+    rollouts = episode_rollouts(actuator, sim, episodes, device=device, known_load=known_load)
     # The deployment path on the same episodes and inputs: recorded state, no simulator.
     causal = predict_episodes(actuator, episodes)
+    if residual_force is None:
+        residual_force = bool((meta.get("training_config") or {}).get("external_torque"))
+    if residual_force:
+        add_residual_force(platform, episodes, causal)
 
     intervals = None
     if "force_lo" in causal[0]:  # the uncertainty head: coverage of the 90 % interval
@@ -214,6 +248,10 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
     }
     figures = verdict_figures(aggregate["all"]["mean"], platform.arm_indices)
     notes = []
+    if known_load:
+        notes.append("known load: the rollout's simulated state moves under the labelled "
+                     "force, so its force rows ('model') see the label: not a force estimate "
+                     "(the causal and residual rows read the recorded state only)")
     for h in horizons:
         short = [e for e in episodes if e.length - 1 < h]
         if short:
@@ -240,6 +278,7 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
         "weights": meta.get("weights"),
         "data": [str(p) for p in paths],
         "split": split,
+        **({"known_load": True} if known_load else {}),
         "cv": None if cv is None else {"folds": cv[0], "fold": cv[1]},
         "platform": platform.name,
         "device": device,
@@ -252,6 +291,8 @@ def evaluate(ckpt: str | os.PathLike, data: str | os.PathLike | Sequence[str],
         "references": {"command_following": {"definition": "q[i+1] predicted as q_cmd[i]"},
                        "model_causal": {"definition": "the model on recorded state (no "
                                         "simulator): the `infer`/`live` path"},
+                       **({"model_residual": {"definition": RESIDUAL_DEFINITION}}
+                          if residual_force else {}),
                        "linear_regression": linear_info},
         "input_filters": filters,
         **({"baselines": baseline_result} if baseline_result is not None else {}),

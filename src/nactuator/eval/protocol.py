@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from nactuator.constants import GRAVITY
 from nactuator.data import Episode
@@ -29,7 +30,7 @@ from nactuator.eval.episodes import (
 )
 from nactuator.rollout import STATE_KEYS, Rollout, model_inputs, rollout_episodes
 
-__all__ = ["FORCE_LABEL_OFFSET", "episode_rollouts", "score_episode"]
+__all__ = ["FORCE_LABEL_OFFSET", "episode_rollouts", "known_load_torque", "score_episode"]
 
 # Step i (window ending at frame i) is scored against frame i + 1 for the joints (the
 # protocol); its force, gate and condition describe the window's current frame i, exactly
@@ -37,17 +38,36 @@ __all__ = ["FORCE_LABEL_OFFSET", "episode_rollouts", "score_episode"]
 FORCE_LABEL_OFFSET = 0
 
 
+def known_load_torque(sim, episodes: Sequence[Episode]) -> torch.Tensor:
+    """(B, T_max, n) each episode's labelled end-effector force (NaN: 0 N) as its joint
+    torque ``J_ee(q)^T f`` at the recorded pose, row i = frame i (0 past an episode's end):
+    the load a simulation of the recording is told about (``eval --known-load``)."""
+    rows = max(ep.length for ep in episodes)
+    out = torch.zeros(len(episodes), rows, sim.n, dtype=torch.float64)
+    for b, ep in enumerate(episodes):
+        f = torch.as_tensor(np.nan_to_num(force_labels(ep), nan=0.0), device=sim.device)
+        q = torch.as_tensor(np.asarray(ep.frames["q"], np.float64), device=sim.device)
+        with torch.no_grad():
+            jac = sim.kinematics.ee_jacobian(q)
+            out[b, :ep.length] = torch.einsum("tkn,tk->tn", jac, f).cpu()
+    return out
+
+
 def episode_rollouts(actuator, sim, episodes: Sequence[Episode],
-                     device: str = "cpu") -> list[Rollout]:
+                     device: str = "cpu", known_load: bool = False) -> list[Rollout]:
     """Open-loop rollouts of all ``episodes`` at once (see the module docstring), one
     per-episode :class:`~nactuator.rollout.Rollout` of numpy arrays each: the recorded
     :class:`Episode` view of :func:`~nactuator.rollout.rollout_episodes`, with the check
     that they record every channel the model reads.
 
     The actuator runs in eval mode (no dropout) and without autograd; its mode is restored.
+    ``known_load``: each step also gets the episode's labelled end-effector force as joint
+    torque (:func:`known_load_torque`), as a model trained with ``model.external_torque``
+    was trained; off (the protocol): the simulator sees the model's torque alone.
     """
     check_inputs(episodes, model_inputs(actuator), simulated=STATE_KEYS)
-    batch = rollout_episodes(actuator, sim.step, [ep.frames for ep in episodes], device=device)
+    batch = rollout_episodes(actuator, sim.step, [ep.frames for ep in episodes], device=device,
+                             tau_ext=known_load_torque(sim, episodes) if known_load else None)
     return [batch.episode(j, ep.length) for j, ep in enumerate(episodes)]
 
 
@@ -83,7 +103,10 @@ def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
     """Every metric of one episode's rollout, in reported units (deg / mm / N).
 
     ``causal`` (the ``infer`` path's per-frame ``force``/``gate`` on recorded state) adds
-    the model's deployment-mode force rows (``model_causal``) beside the rollout's."""
+    the model's deployment-mode force rows (``model_causal``) beside the rollout's, and,
+    where it holds ``force_residual`` (the end-effector force read from the model's torque
+    through the nominal inverse dynamics, :func:`nactuator.contact.residual_ee_force`),
+    the ``model_residual`` rows."""
     q_true = ep.frames["q"][1:].astype(np.float64)
     steps = len(q_true)
     out: dict = {"task": ep.task, "episode_index": ep.index, "episodes": 1, "steps": steps}
@@ -98,8 +121,12 @@ def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
     o = FORCE_LABEL_OFFSET
     f_label = force_labels(ep)[o:o + steps]
     out["force"] = {"model": M.force_block(ro.force, f_label, horizons)}
+    residual = None if causal is None else causal.get("force_residual")
     if causal is not None:
         out["force"]["model_causal"] = M.force_block(causal["force"][:steps], f_label, horizons)
+    if residual is not None:
+        residual = residual[:steps]
+        out["force"]["model_residual"] = M.force_block(residual, f_label, horizons)
     f_lin = None
     if linear is not None:
         f_lin = linear.predict(ep)[:steps]
@@ -107,7 +134,8 @@ def score_episode(ep: Episode, ro: Rollout, scales: np.ndarray,
 
     payload = payload_estimates(ep, f_label, {"model": ro.force, "linear_regression": f_lin,
                                               "model_causal": None if causal is None
-                                              else causal["force"][:steps]})
+                                              else causal["force"][:steps],
+                                              "model_residual": residual})
     if payload is not None:
         out["payload"] = payload
 

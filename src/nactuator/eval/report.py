@@ -14,6 +14,7 @@ _METHOD_NAMES = {
     "linear_regression": "linear regression (train split)",
     # classical baselines (eval/baselines) and the model beside them on the recorded state
     "model_causal": "model (causal, recorded state)",
+    "model_residual": "model torque residual ID - tau (causal, end-effector least squares)",
     "model_rollout": "model (rollout)",
     "id-linear": "ID-Linear (classical)",
     "id-friction": "ID-Friction (classical)",
@@ -135,6 +136,9 @@ def markdown_report(result: Mapping) -> str:
         c = result["compare"]
         lines.append(f"- compared checkpoint (rows 'compared checkpoint'): `{c['checkpoint']}`"
                      f", mode **{c['mode']}**, rolled out on the same episodes")
+    if result.get("known_load"):
+        lines.append("- **known load** (`--known-load`, not the protocol): every rollout step "
+                     "applies the episode's labelled end-effector force as J_ee(q)^T f")
     lines += [
         f"- data: {', '.join(f'`{d}`' for d in result['data'])}; split **{result['split']}**; "
         f"platform **{result['platform']}**",

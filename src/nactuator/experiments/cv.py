@@ -147,6 +147,7 @@ def fold_row(metrics: dict) -> dict[str, float | None]:
             row[f"{prefix}arm mean (deg), {name}"] = _arm(full, arm, "mean")
             row[f"{prefix}worst arm joint (deg), {name}"] = _arm(full, arm, "max")
         for method, name in (("model", "model rollout"), ("model_causal", "model causal"),
+                             ("model_residual", "model residual"),
                              ("linear_regression", "linear regression")):
             full = block["force"].get(method, {}).get("full")
             if full is not None:
@@ -155,6 +156,7 @@ def fold_row(metrics: dict) -> dict[str, float | None]:
         payload = block.get("payload")
         if payload:
             for method, name in (("model", "model rollout"), ("model_causal", "model causal"),
+                                 ("model_residual", "model residual"),
                                  ("linear_regression", "linear regression")):
                 if method in payload:
                     row[f"{prefix}payload error (g), {name}"] = payload[method]["abs_error_g"]

@@ -57,6 +57,13 @@ class LossWeights:
     # joints that sag under gravity or load sit degrees off their command.
     w_command: float = 0.0
     command_joints: tuple[str, ...] = ()
+    # Motor-torque consistency (issue 26, docs/results.md §12.4; needs model.external_torque):
+    # Huber (knee `motor_beta` N m) of the rollout's arm-joint torque against what the
+    # nominal simulator needs at the recorded state, ID(q, qd, qdd) + damping qd - J^T f of
+    # the labelled external forces (causal 5-frame velocity filter), so that `tau` is the
+    # motor's torque frame by frame, not only through the motion it produces; 0: off.
+    w_motor: float = 0.0
+    motor_beta: float = 0.05
 
     def __post_init__(self) -> None:
         if isinstance(self.command_joints, str) or not all(
