@@ -62,3 +62,21 @@ def test_the_jointwise_omx_recipe_swaps_only_the_model():
     assert trainer.max_epochs == 36 and data.curriculum.max_horizon == 192
     assert (model.hparams.state_noise_q, model.hparams.state_noise_qd) == (0.002, 0.02)
     assert (model.loss_weights.force_beta, model.loss_weights.w_focal) == (0.15, 3.0)
+
+
+@pytest.mark.parametrize("platform", ["omx", "so101"])
+def test_the_shared_condition_overlay_changes_only_the_condition_head(platform):
+    """conf/train/shared_condition.yaml (docs/results.md §6.3.3) on top of nad_*.yaml and
+    pooled_condition.yaml: the pooled head shared over the motors (hidden 64) at a constant
+    condition_lr; the network, schedule and data are the recipe's."""
+    model, data, trainer = _parse(platform, f"nad_{platform}.yaml", "pooled_condition.yaml",
+                                  "shared_condition.yaml")
+    base, _, base_trainer = _parse(platform, f"nad_{platform}.yaml", "pooled_condition.yaml")
+    assert model.hparams.condition_head == {"kind": "pooled", "hidden": 64, "shared": True}
+    assert (model.hparams.condition_lr, model.hparams.condition_lr_schedule) == (
+        0.03, "constant")
+    assert base.hparams.condition_lr_schedule == "cosine"
+    assert data.input_filters["pool"] == {"frames": 32}
+    assert trainer.max_epochs == base_trainer.max_epochs == 36
+    for key in ("width", "depth", "lr", "warmup_steps", "features"):
+        assert model.hparams[key] == base.hparams[key]

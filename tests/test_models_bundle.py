@@ -206,3 +206,82 @@ def test_the_pooled_condition_head_trains_at_its_own_learning_rate():
         id(p) for p in module.actuator.condition_head.parameters()}
     ids = [id(p) for g in groups for p in g["params"]]
     assert len(ids) == len(set(ids)) == len(list(module.actuator.parameters()))
+
+
+def test_the_shared_condition_head_scores_every_motor_with_one_mlp():
+    """``condition_head: {shared: true}``: one MLP tied over the motors, so its size does not
+    grow with the motor count, permuting the motors permutes the logits, and every motor's
+    logit is the per-motor head's with that one MLP copied into each motor's weights."""
+    from nactuator.models.heads import PooledConditionHead
+
+    torch.manual_seed(0)
+    shared = PooledConditionHead(6, 9, hidden=16, shared=True)
+    assert sum(p.numel() for p in shared.parameters()) == sum(
+        p.numel() for p in PooledConditionHead(2, 9, hidden=16, shared=True).parameters())
+    stats = torch.randn(4, 9, 6, generator=torch.Generator().manual_seed(1))
+    logits = shared(stats)
+    assert logits.shape == (4, 6)
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    torch.testing.assert_close(shared(stats[:, :, perm]), logits[:, perm], rtol=0, atol=1e-6)
+    per_motor = PooledConditionHead(6, 9, hidden=16)
+    with torch.no_grad():
+        for name, p in per_motor.named_parameters():
+            p.copy_(getattr(shared, name).expand_as(p))
+    torch.testing.assert_close(per_motor(stats), logits, rtol=1e-5, atol=1e-5)
+
+
+def test_a_shared_condition_head_round_trips_and_old_heads_keep_their_config(tmp_path):
+    """The bundle keeps ``shared: true`` and gives the same outputs after loading; a
+    per-motor head's config has no ``shared`` key (bundles before the option read as
+    before, bit for bit), and a misspelt key is refused."""
+    plain, pooled, keys = _pooled_pair("transformer")
+    stats = {**make_stats(), **{k: {"mean": [0.1] * 5, "std": [2.0] * 5} for k in keys}}
+    torch.manual_seed(0)
+    shared = NeuralActuator(pooled.features, 5, stats, {
+        "arch": "transformer", "d_model": 32, "d_ff": 64,
+        "condition_head": {"kind": "pooled", "hidden": 8, "shared": True}}).eval()
+    window = make_window(n=5)
+    g = torch.Generator().manual_seed(1)
+    window.update({k: torch.randn(4, 9, 5, generator=g) for k in keys})
+    base = outputs(shared, window)
+    loaded, meta = load_actuator(save_bundle(bundle_to_dict(shared, "omx"), tmp_path / "s.pt"))
+    assert meta["model_config"]["condition_head"] == {"kind": "pooled", "hidden": 8,
+                                                      "shared": True}
+    torch.testing.assert_close(outputs(loaded, window), base, rtol=0, atol=0)
+    assert "shared" not in pooled.model_config["condition_head"]
+    # the per-motor head computes what it computed before the option existed
+    head, cols = pooled.condition_head, pooled.pool_columns
+    tokens = pooled.frame_tokens(window)[:, -1][:, cols]
+    h = torch.nn.functional.silu(torch.einsum("bpn,nph->bnh", tokens, head.w1) + head.b1)
+    h = torch.nn.functional.silu(torch.einsum("bnh,nhk->bnk", h, head.w2) + head.b2)
+    old = torch.sigmoid(torch.einsum("bnh,nh->bn", h, head.w3) + head.b3)
+    torch.testing.assert_close(outputs(pooled, window)["condition"], old, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="unknown keys"):
+        NeuralActuator(pooled.features, 5, stats, {
+            "arch": "transformer", "condition_head": {"kind": "pooled", "shard": True}})
+
+
+def test_the_condition_head_can_train_at_a_constant_learning_rate():
+    """``model.condition_lr_schedule: constant`` (conf/train/shared_condition.yaml): the
+    condition group stays at condition_lr on every step while the rest warms up and decays;
+    without condition_lr it is refused (there is no group to hold)."""
+    from nactuator.input_filters import POOLED_KEYS
+    from nactuator.training.module import NeuralActuatorModule
+
+    kwargs = dict(platform="omx", arch="mlp", width=16, depth=1, lr=1e-3, lr_total_steps=10,
+                  warmup_steps=3, features=["command", "state", "telemetry", "error", "pooled"],
+                  condition_head={"kind": "pooled", "hidden": 8, "shared": True})
+    module = NeuralActuatorModule(**kwargs, condition_lr=3e-2, condition_lr_schedule="constant")
+    module.build_actuator({**make_stats(), **{k: {"mean": [0.0] * 5, "std": [1.0] * 5}
+                                              for k in POOLED_KEYS}})
+    config = module.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    seen = []
+    for _ in range(10):
+        seen.append([g["lr"] for g in optimizer.param_groups])
+        optimizer.step()
+        scheduler.step()
+    assert [s[1] for s in seen] == pytest.approx([3e-2] * 10)
+    assert seen[0][0] < seen[3][0] == pytest.approx(1e-3) and seen[-1][0] < 1e-3
+    with pytest.raises(ValueError, match="needs condition_lr"):
+        NeuralActuatorModule(**kwargs, condition_lr_schedule="constant")

@@ -104,6 +104,8 @@ class NeuralActuator(nn.Module):
         if self.condition_head is not None:
             self.model_config["condition_head"] = {"kind": "pooled",
                                                    "hidden": self.condition_head.hidden}
+            if self.condition_head.shared:  # only when set: older bundles' config unchanged
+                self.model_config["condition_head"]["shared"] = True
         # The interval calibration (bundle data, nactuator.uncertainty.calibration_record);
         # None: not calibrated, the Gaussian 90 % half-width z = 1.645 σ.
         self.interval_calibration: dict[str, Any] | None = None
@@ -115,7 +117,14 @@ class NeuralActuator(nn.Module):
             return None
         if not isinstance(spec, Mapping) or spec.get("kind") != "pooled":
             raise ValueError(f"model_config 'condition_head' must be {{'kind': 'pooled', "
-                             f"'hidden': H}}, got {spec!r}")
+                             f"'hidden': H, 'shared': bool}}, got {spec!r}")
+        unknown = set(spec) - {"kind", "hidden", "shared"}
+        if unknown:
+            raise ValueError(f"condition_head: unknown keys {sorted(unknown)} (kind, hidden, "
+                             f"shared)")
+        shared = spec.get("shared", False)
+        if not isinstance(shared, bool):
+            raise ValueError(f"condition_head.shared must be true or false, got {shared!r}")
         hidden = spec.get("hidden", 32)
         if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
             raise ValueError(f"condition_head.hidden must be a positive integer, got {hidden!r}")
@@ -130,7 +139,7 @@ class NeuralActuator(nn.Module):
         self.register_buffer("net_columns", torch.tensor(
             [c * n + m for c in range(len(channels)) if c not in pooled for m in range(n)]),
             persistent=False)
-        return PooledConditionHead(n, len(pooled), hidden)
+        return PooledConditionHead(n, len(pooled), hidden, shared=shared)
 
     def _network(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         """The network on a token window (B, L, n_in); with the pooled condition head, the

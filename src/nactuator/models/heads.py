@@ -102,25 +102,40 @@ class PooledConditionHead(nn.Module):
     ~1e-4, validation rising; SO-101, docs/results.md §6.3.2). A motor's ~1 s statistics of
     its effort against its command are what a restriction changes, and a small classifier of
     only those cannot memorise a trajectory.
+
+    ``shared=True`` (``condition_head: {kind: pooled, hidden: H, shared: true}``): one MLP
+    whose weights are tied over the motors (parameters of leading size 1), so the head does
+    not know which motor it scores: what the degraded joint of the training data looked
+    like in its own normalised statistics is applied to every motor (a restriction of a
+    joint never degraded in training, docs/results.md §6.3.3), it trains on every motor's
+    frames, and permuting the motors permutes the logits.
     """
 
-    def __init__(self, n_motors: int, n_stats: int, hidden: int = 32) -> None:
+    def __init__(self, n_motors: int, n_stats: int, hidden: int = 32,
+                 shared: bool = False) -> None:
         super().__init__()
         self.n_motors, self.n_stats, self.hidden = n_motors, n_stats, hidden
+        self.shared = bool(shared)
+        m = 1 if self.shared else n_motors
 
         def uniform(*shape: int, fan_in: int) -> nn.Parameter:  # nn.Linear's default init
             bound = 1.0 / math.sqrt(fan_in)
             return nn.Parameter(torch.empty(*shape).uniform_(-bound, bound))
 
-        self.w1 = uniform(n_motors, n_stats, hidden, fan_in=n_stats)
-        self.b1 = uniform(n_motors, hidden, fan_in=n_stats)
-        self.w2 = uniform(n_motors, hidden, hidden, fan_in=hidden)
-        self.b2 = uniform(n_motors, hidden, fan_in=hidden)
-        self.w3 = uniform(n_motors, hidden, fan_in=hidden)
-        self.b3 = uniform(n_motors, fan_in=hidden)
+        self.w1 = uniform(m, n_stats, hidden, fan_in=n_stats)
+        self.b1 = uniform(m, hidden, fan_in=n_stats)
+        self.w2 = uniform(m, hidden, hidden, fan_in=hidden)
+        self.b2 = uniform(m, hidden, fan_in=hidden)
+        self.w3 = uniform(m, hidden, fan_in=hidden)
+        self.b3 = uniform(m, fan_in=hidden)
 
     def forward(self, stats: torch.Tensor) -> torch.Tensor:
         """stats (B, P, n): each motor's normalised pooled statistics -> logits (B, n)."""
+        if self.shared:  # one MLP on every motor's statistics
+            x = stats.transpose(1, 2)  # (B, n, P)
+            h = F.silu(x @ self.w1[0] + self.b1[0])
+            h = F.silu(h @ self.w2[0] + self.b2[0])
+            return h @ self.w3[0] + self.b3[0]
         h = F.silu(torch.einsum("bpn,nph->bnh", stats, self.w1) + self.b1)
         h = F.silu(torch.einsum("bnh,nhk->bnk", h, self.w2) + self.b2)
         return torch.einsum("bnh,nh->bn", h, self.w3) + self.b3
