@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from nactuator.constants import GRAVITY
-from nactuator.contact import ee_force_from_torque, external_torque, residual_ee_force
+from nactuator.contact import external_torque, residual_ee_force
 from nactuator.contact.estimate import smoothed_velocity
 from nactuator.eval import metrics as M
 from nactuator.eval.episodes import (
@@ -33,7 +33,7 @@ from nactuator.eval.episodes import (
     predict_episodes,
 )
 from nactuator.platforms import load_platform
-from nactuator.sim.dynamics import ArmDynamics
+from nactuator.sim.dynamics import ArmDynamics, ee_force_from_joint_torques
 
 
 def estimates(ckpt: str, data: str, split: str, still: float
@@ -103,7 +103,7 @@ def affine_estimates(data: str, split: str, friction: bool
         for j in arm:
             tau[:, j] = design(effort, qd_s, j) @ coef[j]
         q = np.asarray(ep.frames["q"], np.float64)
-        force = ee_force_from_torque(dyn, q, need - tau)
+        force = ee_force_from_joint_torques(dyn, q, need - tau, dyn.kin.ee_ancestors)
         _score(rows.setdefault(ep.task, {}), ep, {"affine current map": force})
     return rows
 

@@ -30,10 +30,11 @@ from nactuator.eval.baselines.features import (
     window_labels,
     window_starts,
 )
-from nactuator.eval.baselines.force_map import contact_decision, force_from_joint_torques
+from nactuator.eval.baselines.force_map import contact_decision
 from nactuator.eval.baselines.momentum_observer import momentum_residual
 from nactuator.eval.episodes import EvalDataError
 from nactuator.platforms import load_platform
+from nactuator.sim.dynamics import ee_force_from_joint_torques
 from nactuator.sim.parity import mujoco_model
 
 PLATFORM = "so101"
@@ -281,9 +282,9 @@ def test_force_map_inverts_jacobian_transpose(platform, fitted_clean):
     f = rng.normal(0, 3.0, (5, 3))
     tau = np.einsum("tkn,tk->tn", jac, f)
     tau[:, 5] = 7.0  # the gripper's torque never enters the end-effector force
-    exact = force_from_joint_torques(dyn, q, tau, platform.arm_indices, damping=0.0)
+    exact = ee_force_from_joint_torques(dyn, q, tau, platform.arm_indices, damping=0.0)
     assert np.allclose(exact, f, atol=1e-9)
-    damped = force_from_joint_torques(dyn, q, tau, platform.arm_indices, damping=0.01)
+    damped = ee_force_from_joint_torques(dyn, q, tau, platform.arm_indices, damping=0.01)
     assert np.allclose(damped, f, rtol=0.05, atol=0.05)
     assert contact_decision(np.array([[0.0, 0.0, 0.9], [0.0, 0.0, -1.1]]), 1.0).tolist() == \
         [0.0, 1.0]

@@ -10,7 +10,6 @@ from .estimate import (
     calibrate_threshold,
     check_calibration,
     detect,
-    ee_force_from_torque,
     episode_residual,
     estimate_frame,
     estimate_frames,
@@ -29,7 +28,7 @@ from .surface import LinkSurfaces, load_contact_config
 
 __all__ = ["ContactCalibration", "ContactEstimate", "ContactFilter", "ContactStream",
            "FilterSettings", "LinkSurfaces", "calibrate_threshold", "check_calibration",
-           "detect", "ee_force_from_torque", "episode_residual", "estimate_frame",
+           "detect", "episode_residual", "estimate_frame",
            "estimate_frames", "estimate_recording", "estimator_settings", "external_torque",
            "filter_frames", "isolate", "load_contact_config", "localise", "localise_window",
            "model_sha256", "residual_ee_force",

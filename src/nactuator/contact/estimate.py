@@ -32,13 +32,13 @@ from nactuator.atomic import write_json
 from nactuator.errors import UserError
 from nactuator.model_files import resolve_model_path
 from nactuator.platforms import Platform
-from nactuator.sim.dynamics import ArmDynamics
+from nactuator.sim.dynamics import ArmDynamics, ee_force_from_joint_torques
 
 from .surface import LinkSurfaces, load_contact_config
 
 __all__ = ["CALIBRATION_FORMAT", "ContactCalibration", "ContactEstimate", "ContactStream",
            "calibrate_threshold", "check_calibration", "detect", "episode_residual",
-           "ContactFilter", "FilterSettings", "ee_force_from_torque", "estimate_frame",
+           "ContactFilter", "FilterSettings", "estimate_frame",
            "estimate_frames", "estimate_recording", "estimator_settings", "external_torque",
            "filter_frames", "isolate", "localise", "localise_window", "model_sha256",
            "nnls_gram", "nnls_small", "residual_ee_force", "smoothed_velocity", "tare",
@@ -79,23 +79,6 @@ def external_torque(dyn: ArmDynamics, q: np.ndarray, qd: np.ndarray, tau_motor: 
     return tau_id - tau_motor
 
 
-def ee_force_from_torque(dyn: ArmDynamics, q: np.ndarray, tau_ext: np.ndarray) -> np.ndarray:
-    """(T, 3) the end-effector force [N, base frame, environment on the arm] that explains
-    the external joint torque ``tau_ext`` (T, n) best at each frame's pose ``q`` (T, n): the
-    least-squares solution of ``J_ee(q)^T f = tau_ext`` over the joints that move the
-    end-effector point (its chain: a gripper's jaw joint is not on it and its torque, the
-    grip, is left out), per frame. A non-finite row of ``tau_ext`` gives a NaN row."""
-    q = np.asarray(q, np.float64)
-    tau_ext = np.asarray(tau_ext, np.float64)
-    chain = list(dyn.kin.ee_ancestors)
-    with torch.inference_mode():
-        jac = dyn.kin.ee_jacobian(torch.as_tensor(q)).numpy()[:, :, chain]  # (T, 3, k)
-    # f = pinv(J^T) tau per frame; pinv handles a singular pose (no component along the
-    # direction the chain cannot feel) without blowing up.
-    pinv = np.linalg.pinv(np.transpose(jac, (0, 2, 1)))  # (T, 3, k)
-    return np.einsum("tik,tk->ti", pinv, tau_ext[:, chain])
-
-
 def residual_ee_force(dyn: ArmDynamics, q: np.ndarray, qd: np.ndarray, tau_motor: np.ndarray,
                       dt: float, damping: np.ndarray | None = None) -> np.ndarray:
     """(T, 3) the end-effector force read from a learned *motor* torque through physics:
@@ -103,15 +86,16 @@ def residual_ee_force(dyn: ArmDynamics, q: np.ndarray, qd: np.ndarray, tau_motor
     nominal arm, causal velocity filter; ``damping`` (n,) the simulator's viscous joint
     damping, the platform's ``damping``, which the model's torque was trained through and
     the rigid-body ID leaves out; None: 0) projected on the end-effector point by least
-    squares (:func:`ee_force_from_torque`). Linear in the external joint torque: a payload
-    of m held still reads ``-m g`` on z if ``tau_motor`` is the motor's share alone (a
-    model trained with ``model.external_torque``; a net-torque model's residual is ~0 under
-    a load it reproduces). Not tared: a payload may be held from the first frame on.
-    Causal: row t uses frames up to t only, as ``infer``/``live`` can."""
+    squares over the end effector's chain
+    (:func:`nactuator.sim.dynamics.ee_force_from_joint_torques`). Linear in the external
+    joint torque: a payload of m held still reads ``-m g`` on z if ``tau_motor`` is the
+    motor's share alone (a model trained with ``model.external_torque``; a net-torque
+    model's residual is ~0 under a load it reproduces). Not tared: a payload may be held
+    from the first frame on. Causal: row t uses frames up to t only, as ``infer``/``live`` can."""
     tau_ext = external_torque(dyn, q, qd, tau_motor, dt)
     if damping is not None:
         tau_ext = tau_ext + np.asarray(damping, np.float64) * smoothed_velocity(qd, dt)[0]
-    return ee_force_from_torque(dyn, q, tau_ext)
+    return ee_force_from_joint_torques(dyn, q, tau_ext, dyn.kin.ee_ancestors)
 
 
 def tare_frames(dt: float, seconds: float) -> int:

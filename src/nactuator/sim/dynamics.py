@@ -24,6 +24,9 @@ parity with MuJoCo's ``mj_inverse``/``mj_fullM`` is tested in tests/test_sim_dyn
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 from nactuator.platforms import Platform, load_platform
@@ -226,3 +229,26 @@ class ArmDynamics(torch.nn.Module):
     def ee_jacobian(self, q: torch.Tensor) -> torch.Tensor:
         """Linear Jacobian of the platform's end-effector point, (B, 3, n)."""
         return self.kin.ee_jacobian(q)
+
+
+def ee_force_from_joint_torques(dyn: ArmDynamics, q: np.ndarray, tau_ext: np.ndarray,
+                                joints: Sequence[int], damping: float = 0.0) -> np.ndarray:
+    """(T, 3) the end-effector force [N, base frame, environment on the arm] that explains
+    the external joint torques ``tau_ext`` (T, n) on ``joints`` at each frame's pose ``q``
+    (T, n): ``J_v(q)^T f = tau_ext`` solved per frame by least squares, with ``J_v`` the
+    linear Jacobian of the end-effector point on those joints (a gripper's jaw moves no
+    end-effector point: leave it out and its torque, the grip, never enters).
+
+    ``damping`` = 0: ``f = pinv(J_v^T) tau``, exact where the pose is not singular and
+    bounded where it is. ``damping`` = lambda > 0 [m]: ``(J_v J_v^T + lambda^2 I)^-1 J_v tau``,
+    which biases |f| low only near singularities (the classical baselines'
+    ``pinv_damping``). A non-finite row of ``tau_ext`` gives a NaN row."""
+    joints = list(joints)
+    with torch.no_grad():
+        jac = dyn.ee_jacobian(torch.from_numpy(np.asarray(q, np.float64))).numpy()
+    j = jac[:, :, joints]  # (T, 3, k)
+    tau = np.asarray(tau_ext, np.float64)[:, joints]
+    if damping > 0:
+        gram = j @ j.transpose(0, 2, 1) + damping ** 2 * np.eye(3)
+        return np.linalg.solve(gram, j @ tau[:, :, None])[..., 0]
+    return np.einsum("tik,tk->ti", np.linalg.pinv(j.transpose(0, 2, 1)), tau)

@@ -24,7 +24,7 @@ from nactuator.data import Episode
 from nactuator.eval import metrics as M
 from nactuator.eval.baselines.calibration import TorqueCalibration
 from nactuator.eval.baselines.condition import CONDITION_METHODS, ConditionBaselines
-from nactuator.eval.baselines.force_map import contact_decision, force_from_joint_torques
+from nactuator.eval.baselines.force_map import contact_decision
 from nactuator.eval.baselines.id_friction import IDFriction
 from nactuator.eval.baselines.id_linear import IDLinear
 from nactuator.eval.baselines.momentum_observer import MomentumObserver
@@ -32,6 +32,7 @@ from nactuator.eval.baselines.settings import BaselineSettings
 from nactuator.eval.baselines.signals import EpisodeSignals, episode_signals
 from nactuator.eval.episodes import EvalDataError, force_labels, is_no_contact
 from nactuator.platforms import Platform
+from nactuator.sim.dynamics import ee_force_from_joint_torques
 
 __all__ = ["ALL_METHODS", "FORCE_METHODS", "FittedBaselines", "fit_baselines",
            "parse_baselines", "score_baselines"]
@@ -77,9 +78,10 @@ class FittedBaselines:
         if not self.force_methods:
             return {}
         sig = self.signals(ep)
-        return {name: force_from_joint_torques(self.dynamics, sig.q, method.joint_torques(sig),
-                                               self.platform.arm_indices,
-                                               self.settings.pinv_damping)
+        return {name: ee_force_from_joint_torques(self.dynamics, sig.q,
+                                                  method.joint_torques(sig),
+                                                  self.platform.arm_indices,
+                                                  self.settings.pinv_damping)
                 for name, method in self.force_methods.items()}
 
 
