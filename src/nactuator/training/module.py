@@ -444,7 +444,7 @@ class NeuralActuatorModule(L.LightningModule):
         the causal 5-frame mean of :func:`nactuator.contact.smoothed_velocity`, qdd its
         backward difference; ``tau_ext`` the labelled external forces, :meth:`contact_torque`).
         No gradient: a target made of data."""
-        from nactuator.contact.estimate import SMOOTH_FRAMES
+        from nactuator.contact.estimate import smoothed_velocity
         from nactuator.sim.dynamics import ArmDynamics
 
         if "dynamics" not in self._physics:  # a plain dict: not a submodule, not saved
@@ -453,18 +453,14 @@ class NeuralActuatorModule(L.LightningModule):
         start = self.window_length - 1
         with torch.no_grad():
             q = batch["q"].to(torch.float64).cpu()
-            qd = batch["qd"].to(torch.float64).cpu()
-            B, T, n = qd.shape
-            padded = torch.cat([qd.new_zeros(B, SMOOTH_FRAMES - 1, n), qd], 1)
-            count = torch.clamp(torch.arange(1, T + 1, dtype=qd.dtype), max=SMOOTH_FRAMES)
-            qd_s = padded.unfold(1, SMOOTH_FRAMES, 1).sum(-1) / count[None, :, None]
-            qdd = torch.zeros_like(qd_s)
-            qdd[:, 1:] = (qd_s[:, 1:] - qd_s[:, :-1]) / self.platform.control_dt
+            B, T, n = q.shape
+            # the contact residual's own causal filter, along time (axis 0 of (T, B, n))
+            qd_s, qdd = (torch.from_numpy(x).transpose(0, 1) for x in smoothed_velocity(
+                batch["qd"].detach().cpu().transpose(0, 1).numpy(), self.platform.control_dt))
             rows = slice(start, T)
             shape = (B * (T - start), n)
-            tau_id = dyn.inverse_dynamics(q[:, rows].reshape(shape),
-                                                     qd_s[:, rows].reshape(shape),
-                                                     qdd[:, rows].reshape(shape))
+            tau_id = dyn.inverse_dynamics(q[:, rows].reshape(shape), qd_s[:, rows].reshape(shape),
+                                          qdd[:, rows].reshape(shape))
             damping = torch.tensor([c.damping for c in self.platform.channels],
                                    dtype=torch.float64)
             target = tau_id.reshape(B, T - start, n) + damping * qd_s[:, rows]
