@@ -48,8 +48,7 @@ def known_load_torque(sim, episodes: Sequence[Episode]) -> torch.Tensor:
         f = torch.as_tensor(np.nan_to_num(force_labels(ep), nan=0.0), device=sim.device)
         q = torch.as_tensor(np.asarray(ep.frames["q"], np.float64), device=sim.device)
         with torch.no_grad():
-            jac = sim.kinematics.ee_jacobian(q)
-            out[b, :ep.length] = torch.einsum("tkn,tk->tn", jac, f).cpu()
+            out[b, :ep.length] = sim.kinematics.ee_torque(q, f).cpu()
     return out
 
 

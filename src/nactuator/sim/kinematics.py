@@ -176,6 +176,11 @@ class ChainKinematics(torch.nn.Module):
                 cols.append(a)
         return torch.stack(cols, -1)
 
+    def ee_torque(self, q: torch.Tensor, force: torch.Tensor) -> torch.Tensor:
+        """Joint torques ``J_ee(q)^T f`` (B, n) of a force ``force`` (B, 3) [N, base frame] at
+        the end-effector point: what a payload or a push at the tip does to the joints."""
+        return torch.einsum("bkn,bk->bn", self.ee_jacobian(q), force.to(q.dtype))
+
     def point_torque(self, q: torch.Tensor, body: torch.Tensor, point: torch.Tensor,
                      force: torch.Tensor) -> torch.Tensor:
         """Joint torques ``J_p(q)^T f`` (B, n) of a force ``force`` (B, 3) [N, base frame]

@@ -230,7 +230,7 @@ class Simulator:
             self._check_finite(tau_ext=tau_ext)
             torque = torque + tau_ext
         if f_ext is not None:
-            torque = torque + torch.einsum("bkn,bk->bn", self.kinematics.ee_jacobian(q), f_ext)
+            torque = torque + self.kinematics.ee_torque(q, f_ext)
         q1, qd1 = _StepFunction.apply(self._engine(batch), self._stream_scope, torque, q, qd)
         return q1, torch.clamp(qd1, -self._velocity_limit, self._velocity_limit)
 

@@ -382,7 +382,7 @@ class NeuralActuatorModule(L.LightningModule):
                     batch["contact_force"][:, start:].reshape(B * T, 3).to(sim.device))
             if has_ee:
                 f = ee_force.reshape(B * T, 3).to(torch.float64).to(sim.device)
-                tip = torch.einsum("bkn,bk->bn", sim.kinematics.ee_jacobian(q), f)
+                tip = sim.kinematics.ee_torque(q, f)
                 tau = tip if tau is None else tau + tip
         return tau.reshape(B, T, -1).to(q_dtype).to(q_device)
 
