@@ -9,7 +9,9 @@ force regression fitted on the same runs.
 The design is conf/bench/calibrate_curve.yaml: one world outside the pretraining's
 randomisation (conf/world/so101_worn.yaml), one arm per seed; data from `data synth` (not
 through the emulated bus: recording is real time). Per seed, the held-out set is the test
-runs of every task of every weight set, the same for every point. Resumable: a finished
+runs of every task of every weight set, the same for every point; the test runs of
+``unseen_weights_g`` (weights no point trains on) are scored apart, with the linear
+regression fitted on the same N runs. Resumable: a finished
 point (``seed_S/points/*.json``) is not run again, and an interrupted fine-tune is resumed
 by `adapt` itself. Writes curve.json, curve.md and curve.png into --out.
 """
@@ -37,8 +39,8 @@ KEYS = {"joints": "arm mean (deg), model", "command following": "arm mean (deg),
         "force": "force 3-axis (N), model rollout",
         "linear": "force 3-axis (N), linear regression"}
 CONFIG_KEYS = {"platform", "pretrained", "world", "protocol", "seeds", "run_seconds",
-               "trajectories_per_task", "empty_task", "weight_tasks", "curves",
-               "first_pass_max_minutes"}
+               "trajectories_per_task", "empty_task", "weight_tasks", "unseen_weights_g",
+               "curves", "first_pass_max_minutes"}
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -72,6 +74,11 @@ def set_key(section: dict[str, Any], item: str) -> None:
 def tasks_for(weights: list[int], cfg: dict[str, Any]) -> list[str]:
     """The tasks recorded with these weights: each weight's tasks, then the empty gripper."""
     return [t.format(g=g) for g in weights for t in cfg["weight_tasks"]] + [cfg["empty_task"]]
+
+
+def unseen_tasks(cfg: dict[str, Any]) -> list[str]:
+    """The tasks of the weights no point trains on (scored apart: `measure`)."""
+    return [t.format(g=g) for g in cfg["unseen_weights_g"] for t in cfg["weight_tasks"]]
 
 
 def plan_points(cfg: dict[str, Any]) -> list[dict[str, Any]]:
@@ -124,6 +131,9 @@ def split_pools(synth_dir: Path, folder: Path, weight_sets: list[list[int]],
     platform = load_platform(cfg["platform"])
     ds = None
     wanted = {"held_out": (None, "test")}
+    unseen = set(unseen_tasks(cfg))
+    if unseen:
+        wanted["held_out_unseen"] = (unseen, "test")
     wanted.update({"pool_" + "-".join(map(str, ws)): (set(tasks_for(ws, cfg)), "train")
                    for ws in weight_sets})
     paths = {}
@@ -135,10 +145,11 @@ def split_pools(synth_dir: Path, folder: Path, weight_sets: list[list[int]],
         ds = ds or read_dataset(synth_dir)
         with DatasetWriter(root, platform, fps=ds.fps) as writer:
             for ep in ds.episodes:
-                if ep.split == split and (tasks is None or ep.task in tasks):
+                if ep.split == split and (ep.task in tasks if tasks is not None
+                                          else ep.task not in unseen):
                     meta = {k: v for k, v in ep.meta.items() if k != "split"}
                     writer.add_episode(dict(ep.frames), ep.task, split, episode_meta=meta)
-    return paths.pop("held_out"), paths
+    return paths.pop("held_out"), paths  # paths: the pools and "held_out_unseen" if any
 
 
 def _metrics(row: dict[str, Any]) -> dict[str, float | None]:
@@ -149,10 +160,29 @@ def _metrics(row: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+def with_test_runs(train_data: Path, test_data: Path, out: Path) -> Path:
+    """A dataset of ``train_data``'s train runs and ``test_data``'s test runs: `eval` on it
+    scores the test runs and fits the linear regression on the train runs."""
+    from nactuator.data import DatasetWriter, read_dataset
+    from nactuator.platforms import load_platform
+
+    if not (out / "meta" / "info.json").is_file():
+        train, test = read_dataset(train_data), read_dataset(test_data)
+        with DatasetWriter(out, load_platform(train.platform), fps=train.fps) as writer:
+            for ds, split in ((train, "train"), (test, "test")):
+                for ep in ds.episodes:
+                    if ep.split == split:
+                        meta = {k: v for k, v in ep.meta.items() if k != "split"}
+                        writer.add_episode(dict(ep.frames), ep.task, split, episode_meta=meta)
+    return out
+
+
 def measure(point: dict[str, Any], cfg: dict[str, Any], folder: Path, held: Path, pool: Path,
-            adapt_cfg: Path, per_epoch: int, steps_override: int | None) -> dict[str, Any]:
+            adapt_cfg: Path, per_epoch: int, steps_override: int | None,
+            held_unseen: Path | None = None) -> dict[str, Any]:
     """One point: adapt the shipped bundle on the first N runs of ``pool``, and (if asked)
-    the same recipe and steps from scratch; both scored on ``held``."""
+    the same recipe and steps from scratch; both scored on ``held``, the adapted model also
+    on ``held_unseen`` (weights no point trains on)."""
     from nactuator.eval import evaluate
     from nactuator.experiments.adapt import adapt
     from nactuator.experiments.cv import fold_row
@@ -183,6 +213,14 @@ def measure(point: dict[str, Any], cfg: dict[str, Any], folder: Path, held: Path
            "pretrained": _metrics(base["metrics"]), "adapted": _metrics(tuned["metrics"]),
            "adapt_fit_s": tuned["fit_s"], "adapt_fit_cpu_s": tuned.get("fit_cpu_s"),
            "adapt_total_s": adapt_wall}
+    if held_unseen is not None:
+        subset = adapt_out / "data" / f"n_{n:03d}"
+        unseen = with_test_runs(subset, held_unseen, adapt_out / "data" / f"unseen_n_{n:03d}")
+        scored = adapt_out / f"eval_unseen_n_{n:03d}"
+        if not (scored / "metrics.json").is_file():
+            evaluate(Path(tuned["checkpoint"]), unseen, split="test", out=scored)
+        row["adapted_unseen"] = _metrics(fold_row(json.loads((scored / "metrics.json")
+                                                             .read_text())))
     if point["with_scratch"]:
         # From scratch: the same recipe, steps and N runs, without init_from.
         subset = adapt_out / "data" / f"n_{n:03d}"
@@ -217,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weight-sets", nargs="+", metavar="G,G",
                     help="replaces the weights curve's sets, e.g. 200 200,400")
     ap.add_argument("--weights-minutes", type=float, help="the weights curve's minutes")
+    ap.add_argument("--minutes-weights", metavar="G,G",
+                    help="replaces the minutes curve's weights, e.g. 200,300,400")
     ap.add_argument("--run-seconds", type=float, help="replaces the config's run length")
     ap.add_argument("--trajectories-per-task", type=int)
     ap.add_argument("--steps", type=int, help="fixed optimiser steps (tests), not scaled")
@@ -241,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    for s in a.weight_sets]
     if a.weights_minutes:
         cfg["curves"]["weights"]["minutes"] = a.weights_minutes
+    if a.minutes_weights:
+        cfg["curves"]["minutes"]["weights_g"] = [int(g) for g in a.minutes_weights.split(",")]
     if a.no_scratch:
         cfg["curves"]["minutes"]["scratch"] = cfg["curves"]["weights"]["scratch"] = False
     if a.run_seconds:
@@ -267,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.only == "first":
         points = [p for p in points if p["minutes"] <= cfg["first_pass_max_minutes"]]
     weight_sets = sorted({tuple(p["weights"]) for p in points})
-    all_tasks = sorted({t for ws in weight_sets for t in tasks_for(list(ws), cfg)})
+    all_tasks = sorted({t for ws in weight_sets for t in tasks_for(list(ws), cfg)}
+                       | set(unseen_tasks(cfg)))
     rows = []
     for p in points:
         folder = out / f"seed_{p['seed']}"
@@ -278,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         data = synth(cfg, p["seed"], all_tasks, folder)
         held, pools = split_pools(data, folder, [list(ws) for ws in weight_sets], cfg)
         row = measure(p, cfg, folder, held, pools["pool_" + "-".join(map(str, p["weights"]))],
-                      adapt_path, per_epoch, a.steps)
+                      adapt_path, per_epoch, a.steps, pools.get("held_out_unseen"))
         write_json(done, row)
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -314,7 +357,7 @@ def summarize(rows: list[dict[str, Any]], cfg: dict[str, Any]) -> list[dict[str,
         s = {"weights": list(ws), "minutes": m, "seeds": [r["seed"] for r in rs],
              "runs": rs[0]["runs"], "steps": rs[0]["steps"],
              "record_minutes": rs[0]["record_minutes"]}
-        for model in ("adapted", "scratch", "pretrained"):
+        for model in ("adapted", "scratch", "pretrained", "adapted_unseen"):
             for k in KEYS:
                 s[f"{model}/{k}"] = _spread([r.get(model, {}).get(k) for r in rs])
         for k in ("adapt_fit_s", "adapt_fit_cpu_s", "scratch_fit_s", "scratch_fit_cpu_s"):
@@ -324,6 +367,9 @@ def summarize(rows: list[dict[str, Any]], cfg: dict[str, Any]) -> list[dict[str,
         s["force_ratio_vs_linear"] = _spread([
             r["adapted"]["force"] / r["adapted"]["linear"] for r in rs
             if r["adapted"]["linear"]])
+        s["unseen_force_ratio_vs_linear"] = _spread([
+            r["adapted_unseen"]["force"] / r["adapted_unseen"]["linear"] for r in rs
+            if r.get("adapted_unseen", {}).get("linear")])
         out.append(s)
     return out
 
@@ -340,7 +386,8 @@ def _ms(s: dict[str, Any], d: int) -> str:
 def table(r: dict[str, Any]) -> str:
     lines = ["| weights g | minutes | runs | steps | seeds | joints ° adapted | from scratch | "
              "as shipped | command following | force N adapted | from scratch | as shipped | "
-             "linear regression | adapt fit CPU s |", "|---" * 14 + "|"]
+             "linear regression | adapt fit CPU s | unseen weights: force N adapted | "
+             "linear regression |", "|---" * 16 + "|"]
     for s in r["summary"]:
         lines.append(
             f"| {'+'.join(map(str, s['weights']))} | {s['record_minutes']:.2f} | {s['runs']} | "
@@ -348,7 +395,8 @@ def table(r: dict[str, Any]) -> str:
             f"{_ms(s['scratch/joints'], 2)} | {_ms(s['pretrained/joints'], 2)} | "
             f"{_ms(s['adapted/command following'], 2)} | {_ms(s['adapted/force'], 3)} | "
             f"{_ms(s['scratch/force'], 3)} | {_ms(s['pretrained/force'], 3)} | "
-            f"{_ms(s['adapted/linear'], 3)} | {_ms(s['adapt_fit_cpu_s'], 0)} |")
+            f"{_ms(s['adapted/linear'], 3)} | {_ms(s['adapt_fit_cpu_s'], 0)} | "
+            f"{_ms(s['adapted_unseen/force'], 3)} | {_ms(s['adapted_unseen/linear'], 3)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -374,17 +422,23 @@ def plot(r: dict[str, Any], path: Path) -> None:
                 (curve, [s["record_minutes"] for s in curve], "minutes recorded"),
                 (wsets, [len(s["weights"]) for s in wsets], "weights used"))):
             ax = axes[row][col]
-            items = [*series, ("adapted", "-.", "k")]
-            for i, (model, style, color) in enumerate(items):
-                key = f"{model}/{ref if i == 3 else metric}"
-                if not points or any(s[key]["mean"] is None for s in points):
+            labels = {"adapted": "adapted from the shipped bundle",
+                      "scratch": "same steps from scratch", "pretrained": "shipped bundle as is"}
+            items = [(f"{model}/{metric}", style, color, labels[model])
+                     for model, style, color in series]
+            items.append((f"adapted/{ref}", "-.", "k", ref_label))
+            if metric == "force":  # the weights no point trains on, scored apart
+                unseen = ", ".join(map(str, r["config"].get("unseen_weights_g", [])))
+                items += [("adapted_unseen/force", "o:", "C3",
+                           f"adapted, on weights not used ({unseen} g)"),
+                          ("adapted_unseen/linear", "x:", "0.4",
+                           f"linear regression, on weights not used ({unseen} g)")]
+            for key, style, color, label in items:
+                if not points or any(s.get(key, {}).get("mean") is None for s in points):
                     continue  # a series measured at only some of the panel's points
                 mean = [s[key]["mean"] for s in points]
                 lo = [s[key]["min"] if s[key]["min"] is not None else math.nan for s in points]
                 hi = [s[key]["max"] if s[key]["max"] is not None else math.nan for s in points]
-                label = ref_label if i == 3 else {"adapted": "adapted from the shipped bundle",
-                                                  "scratch": "same steps from scratch",
-                                                  "pretrained": "shipped bundle as is"}[model]
                 ax.plot(xs, mean, style, color=color, label=label)
                 ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0)
             if col == 0:

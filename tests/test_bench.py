@@ -265,7 +265,8 @@ def test_bench_calibrate_curve_adapt_config_and_no_scratch(tmp_path, monkeypatch
     class Measured(Exception):
         pass
 
-    def fake_measure(point, cfg, folder, held, pool, adapt_cfg, per_epoch, steps):
+    def fake_measure(point, cfg, folder, held, pool, adapt_cfg, per_epoch, steps,
+                     held_unseen=None):
         seen.append((point, yaml.safe_load(Path(adapt_cfg).read_text())))
         raise Measured
 
@@ -321,6 +322,14 @@ def test_bench_calibrate_curve_runs_resumes_and_summarises_over_seeds(tmp_path, 
             [200, 400], saved["config"]))
         assert ("scratch" in r) == (r["weights"] == [200, 400])
         assert r["adapt_fit_cpu_s"] > 0
+        # the weights no point trains on (250 and 350 g) are scored apart, on their own runs
+        assert r["adapted_unseen"]["force"] is not None and r["adapted_unseen"]["linear"]
+    cfg = saved["config"]
+    unseen = sorted(sys.modules["bench_calibrate_curve"].unseen_tasks(cfg))
+    assert unseen and "pick_and_place_250g" in unseen
+    held = read_dataset(out / "seed_3" / "held_out_unseen")
+    assert sorted(e.task for e in held.episodes) == unseen
+    assert {e.split for e in held.episodes} == {"test"}
     # the summary: the mean over the two seeds of each point, read back from the table
     for s in saved["summary"]:
         rows = [r for r in saved["rows"] if r["weights"] == s["weights"]]
@@ -353,12 +362,12 @@ def test_bench_calibrate_bus_frame_timing_quantum_and_run_length():
     x[::7] = np.nan
     assert mod.quantum(x) == pytest.approx(0.0015)
     assert np.isnan(mod.quantum(np.full(5, 0.3)))
-    # conf/calibrate/so101.yaml with two weights: 3 free + 2 lift-and-hold + 4 pick-and-place
-    # train runs, so 1 min of training recordings is 9 runs of 60 / 9 s.
+    # conf/calibrate/so101.yaml with two weights: 3 free + 4 lift-and-hold + 6 pick-and-place
+    # train runs, so 1 min of training recordings is 13 runs of 60 / 13 s.
     from nactuator.guide.protocol import load_protocol
 
     assert mod.episode_seconds(1.0, load_protocol("so101"), [200.0, 400.0]) == \
-        pytest.approx(60.0 / 9)
+        pytest.approx(60.0 / 13)
 
 
 def test_bench_calibrate_bus_replay_leader_plays_frame_k_at_read_k():
