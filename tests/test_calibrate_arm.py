@@ -20,7 +20,9 @@ from nactuator.guide.protocol import (
     load_protocol,
     parse_weights,
     plan_steps,
+    protocol_path,
     resolve_weights,
+    weights_advice,
 )
 
 
@@ -37,7 +39,8 @@ def test_the_protocol_plans_every_step_per_weight_and_holds_out_the_last(proto):
     assert [s.payload_g for s in steps] == [0, 100, 250, 100, 250, 250]
     assert [s.split for s in steps] == ["train"] * 5 + ["test"]
     assert steps[2].task == "lift_hold_250g" and "250 g weight" in steps[2].prompt
-    assert steps[0].episodes == 3 and steps[0].seconds == 30 and steps[3].episodes == 2
+    assert steps[0].episodes == 3 and steps[0].seconds == 30 and steps[1].episodes == 2
+    assert steps[3].episodes == 3
     assert {s.seconds for s in plan_steps(proto, [100.0, 250.0], episode_seconds=2)} == {2.0}
     assert load_protocol("omx")["pretrained"] == "pretrained/omx"
 
@@ -78,6 +81,28 @@ def test_weights_are_asked_for_until_valid_and_kept_for_the_resume(proto, tmp_pa
     assert resolve_weights(None, State(tmp_path), proto, None) == [150.0, 300.0]
     with pytest.raises(CalibrateError, match="started with 150,300 g"):
         resolve_weights("100,200", State(tmp_path), proto, None)
+
+
+def test_fewer_weights_than_the_protocol_takes_print_its_advice(proto, tmp_path, capsys):
+    # The advice (docs/results.md §12.5: three weights read the force best) comes with the
+    # question, and again when --weights-g gave fewer than the most the protocol takes.
+    most = proto["weights"]["count"][1]
+    assert most == 3 and "Three weights" in weights_advice([100.0, 200.0], proto)
+    assert weights_advice([100.0, 200.0, 300.0], proto) is None
+    assert weights_advice([100.0, 200.0], {"weights": {"count": [2, 3]}}) is None
+    resolve_weights(None, State(tmp_path), proto, lambda q: "100,200,300")
+    assert "Three weights" in capsys.readouterr().out
+
+
+def test_a_protocol_whose_advice_is_not_text_is_refused_naming_the_field(tmp_path):
+    import yaml
+
+    raw = yaml.safe_load(protocol_path("so101").read_text())
+    raw["weights"]["advice"] = ["three", "weights"]
+    bad = tmp_path / "so101.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(CalibrateError, match=r"weights\.advice.*must be text"):
+        load_protocol("so101", bad)
 
 
 class FakeSteps:
@@ -149,8 +174,8 @@ def test_a_rerun_skips_every_finished_step_and_redoes_the_one_cut_short(monkeypa
     assert [k for k, _, _ in fake.prompts] == fake.recorded
     assert fake.prompts[0][1:] == (3, 6)
     assert fake.adapted == 1
-    assert fake.adapt_args["n_train"] == 9  # 3 free runs, 2 lift-and-hold, 4 pick-and-place
-    assert fake.adapt_args["train_s"] == 9 * 30
+    assert fake.adapt_args["n_train"] == 13  # 3 free runs, 4 lift-and-hold, 6 pick-and-place
+    assert fake.adapt_args["train_s"] == 13 * 30
     assert [Path(d).name for d in fake.adapt_args["data"]][-1] == "06-held_out-200g"
     assert "1.50 °" in text and "command following 2.00 °" in text
     assert "force 0.100 N vs 0.300 N (linear regression): better" in text
@@ -230,9 +255,9 @@ def test_calibrate_arm_end_to_end_on_emulated_arms_with_ctrl_c_and_resume(tmp_pa
         run_live(bundle, p, follower.port, out=live_csv, seconds=1.0, quiet=True)
 
     # Every recording carries its own weight's label; the last one is held out.
-    expected = {"01-free": (0.0, "train", 3), "02-lift_hold-100g": (100, "train", 1),
-                "03-lift_hold-200g": (200, "train", 1), "04-pick_place-100g": (100, "train", 2),
-                "05-pick_place-200g": (200, "train", 2), "06-held_out-200g": (200, "test", 1)}
+    expected = {"01-free": (0.0, "train", 3), "02-lift_hold-100g": (100, "train", 2),
+                "03-lift_hold-200g": (200, "train", 2), "04-pick_place-100g": (100, "train", 3),
+                "05-pick_place-200g": (200, "train", 3), "06-held_out-200g": (200, "test", 1)}
     for key, (grams, split, runs) in expected.items():
         ds = read_dataset(out / "recordings" / key)
         assert len(ds.episodes) == runs
@@ -242,7 +267,7 @@ def test_calibrate_arm_end_to_end_on_emulated_arms_with_ctrl_c_and_resume(tmp_pa
     # The printed held-out figures are the evaluation's, on the held-out run.
     result = json.loads((out / "adapt" / "adapt.json").read_text())
     assert result["held_out"]["episodes"] == ["06-held_out-200g#0 (pick_place_200g)"]
-    assert result["points"][-1]["n"] == 9
+    assert result["points"][-1]["n"] == 13
     [held] = read_dataset(out / "recordings" / "06-held_out-200g").episodes
     arm = [k for k, c in enumerate(p.channels) if c.name != "gripper"]
     cf = _command_following_deg(held, arm)

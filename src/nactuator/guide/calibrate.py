@@ -40,6 +40,7 @@ from nactuator.guide.protocol import (
     plan_digest,
     plan_steps,
     resolve_weights,
+    weights_advice,
 )
 
 __all__ = ["Interrupted", "calibrate_arm", "check_arm"]
@@ -206,6 +207,9 @@ def calibrate_arm(platform: str | Any, leader: str, follower: str, out: str | Pa
         state.data.pop("plan", None)
     weights = resolve_weights(weights_g, state, proto, ask if ask is not None else (
         input if _terminal() else None))
+    advice = weights_advice(weights, proto)
+    if advice and weights_g is not None:  # asked on a terminal, the advice came with the question
+        print(advice)
     plan = plan_steps(proto, weights, episode_seconds)
     digest = plan_digest(plan)
     if state.get("plan") not in (None, digest):

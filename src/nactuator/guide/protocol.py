@@ -21,7 +21,7 @@ from nactuator.errors import UserError
 from nactuator.paths import conf_dir
 
 __all__ = ["CalibrateError", "State", "Step", "adapt_steps", "load_protocol", "parse_weights",
-           "plan_steps", "protocol_path"]
+           "plan_steps", "protocol_path", "weights_advice"]
 
 STATE_FILE = "calibrate.json"
 PAYLOADS = ("none", "weight", "heaviest", "lightest")
@@ -78,6 +78,9 @@ def load_protocol(platform: str, path: str | os.PathLike | None = None) -> dict[
     lo, hi = w["count"]
     _need(1 <= lo <= hi and 0 < w["min_g"] < w["max_g"], f"{p}: weights",
           f"count {w['count']} / min_g {w['min_g']} / max_g {w['max_g']} are inconsistent")
+    _need(isinstance(w.get("advice", ""), str), f"{p}: weights.advice",
+          f"must be text (printed when fewer than {hi} weights are given), got "
+          f"{w.get('advice')!r}")
     steps = raw["steps"]
     _need(isinstance(steps, list) and steps, f"{p}: steps", "must be a non-empty list")
     for i, s in enumerate(steps):
@@ -134,6 +137,14 @@ def parse_weights(text: str | Sequence[float], protocol: dict[str, Any],
 
 def _grams(g: float) -> str:
     return f"{g:g}"
+
+
+def weights_advice(weights_g: Sequence[float], protocol: dict[str, Any]) -> str | None:
+    """The protocol's advice when fewer weights than it takes are given (else None)."""
+    w = protocol["weights"]
+    if len(weights_g) < w["count"][1] and w.get("advice"):
+        return " ".join(w["advice"].split())
+    return None
 
 
 def plan_steps(protocol: dict[str, Any], weights_g: Sequence[float],
@@ -230,9 +241,11 @@ def resolve_weights(given: str | None, state: State, protocol: dict[str, Any],
         raise CalibrateError(f"give the {w['count'][0]}-{w['count'][1]} known weights you own "
                              "with --weights-g, e.g. --weights-g 100,200 (nobody is at a "
                              "terminal to ask)")
+    if w.get("advice"):
+        print(" ".join(w["advice"].split()))
     while True:
         answer = ask(f"Which known weights do you own? {w['count'][0]} to {w['count'][1]} "
-                     f"of them, in grams, {w['min_g']:g}-{w['max_g']:g} g, e.g. 100,200: ")
+                     f"of them, in grams, {w['min_g']:g}-{w['max_g']:g} g, e.g. 100,200,300: ")
         try:
             return parse_weights(answer, protocol, where="weights")
         except CalibrateError as err:
