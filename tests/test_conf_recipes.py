@@ -80,3 +80,30 @@ def test_the_shared_condition_overlay_changes_only_the_condition_head(platform):
     assert trainer.max_epochs == base_trainer.max_epochs == 36
     for key in ("width", "depth", "lr", "warmup_steps", "features"):
         assert model.hparams[key] == base.hparams[key]
+
+
+@pytest.mark.parametrize("platform", ["omx", "so101"])
+def test_the_condition_frames_overlay_changes_only_what_the_condition_head_learns_from(platform):
+    """conf/train/condition_frames.yaml (docs/results.md §6.3.4) on top of nad_*.yaml and
+    pooled_condition.yaml: 1024 frames of the whole train split a step for the per-motor
+    pooled head at a constant condition_lr, in place of the rollout's condition term; the
+    network, its other losses, schedule and data are the recipe's. Without the overlay no
+    frames are served (every figure before it is unchanged)."""
+    model, data, trainer = _parse(platform, f"nad_{platform}.yaml", "pooled_condition.yaml",
+                                  "condition_frames.yaml")
+    base, base_data, base_trainer = _parse(platform, f"nad_{platform}.yaml",
+                                           "pooled_condition.yaml")
+    assert data.condition_frames == 1024 and base_data.condition_frames is None
+    assert model.hparams.condition_head == base.hparams.condition_head == {
+        "kind": "pooled", "hidden": 32}
+    assert (model.hparams.condition_lr, model.hparams.condition_lr_schedule) == (
+        0.03, "constant")
+    assert (model.loss_weights.w_cond, model.loss_weights.w_cond_frames) == (0.0, 100.0)
+    assert base.loss_weights.w_cond == 100.0
+    for key in ("w_pos", "w_force", "w_gate", "w_vel", "force_beta", "w_focal"):
+        assert getattr(model.loss_weights, key) == getattr(base.loss_weights, key)
+    for key in ("width", "depth", "lr", "warmup_steps", "features", "state_noise_q"):
+        assert model.hparams[key] == base.hparams[key]
+    assert data.input_filters == base_data.input_filters
+    assert data.curriculum.max_horizon == base_data.curriculum.max_horizon
+    assert trainer.max_epochs == base_trainer.max_epochs == 36

@@ -184,6 +184,66 @@ def test_samples_per_epoch_draws_a_fixed_number(coded):
     assert sum(len(b["start"]) for b in loader) == 20
 
 
+def test_condition_frames_are_labelled_train_frames_drawn_beside_the_same_segments(tmp_path):
+    """``condition_frames`` K: every training batch carries K single frames (windows of
+    length 1) drawn from the condition-labelled frames of every train episode only, each
+    the episode's own frame (q codes episode and frame), with its labels; the segments are
+    those the DataModule serves without the option, and the draw is seeded per epoch."""
+    root = tmp_path / "labelled"
+    layout = [(40, "train"), (25, "train"), (12, "train"), (30, "validation"), (50, "test")]
+    with DatasetWriter(root, OMX, OMX.fps) as w:
+        for code, (T, split) in enumerate(layout):
+            frames = coded_frames(code, T)
+            if code == 1:  # an unlabelled train episode: never drawn
+                frames["condition"][:] = np.nan
+            if code == 0:  # labels on frames 10.. only
+                frames["condition"][:10] = np.nan
+            w.add_episode(frames, f"task{code % 2}", split)
+
+    def batches(**kwargs):
+        dm = NADDataModule(root, "omx", horizon=5, batch_size=4, samples_per_epoch=12,
+                           seed=3, **kwargs)
+        out = []
+        for epoch in range(2):
+            dm.epoch = epoch
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out.append(list(dm.train_dataloader()))
+        return out
+
+    plain, drawn, again = batches(), batches(condition_frames=64), batches(condition_frames=64)
+    seen = set()
+    for epoch in range(2):
+        assert len(plain[epoch]) == len(drawn[epoch]) == 3
+        for p, d, a in zip(plain[epoch], drawn[epoch], again[epoch], strict=True):
+            assert "condition_frames" not in p
+            for key, value in p.items():  # the same segments with and without frames
+                torch.testing.assert_close(d[key], value, rtol=0, atol=0)
+            f = d["condition_frames"]
+            assert f["q"].shape == f["condition"].shape == (64, 1, N)
+            assert f["force"].shape == (64, 1, 3) and not f["pad"].any()
+            episode, frame = f["episode_index"].numpy(), f["frame"].numpy()
+            assert set(episode) <= {0, 2}  # train, labelled
+            assert (frame[episode == 0] >= 10).all()
+            np.testing.assert_array_equal(f["q"][:, 0, 0].numpy(), 1000 * episode + frame)
+            assert f["condition_valid"][:, 0, 2].all() and not f["condition_valid"][:, 0, 0].any()
+            for key, value in f.items():  # seeded
+                torch.testing.assert_close(a["condition_frames"][key], value, rtol=0, atol=0)
+            seen |= set(zip(episode.tolist(), frame.tolist(), strict=True))
+    assert len(seen) > 40  # frames from all over both episodes, not one segment's
+    firsts = [b["condition_frames"]["frame"] for b in (drawn[0][0], drawn[1][0])]
+    assert not torch.equal(*firsts)  # a new draw each epoch
+    with pytest.raises(ValueError, match="condition_frames"):
+        NADDataModule(root, "omx", condition_frames=0)
+    unlabelled = tmp_path / "unlabelled"
+    with DatasetWriter(unlabelled, OMX, OMX.fps) as w:
+        frames = coded_frames(0, 40)
+        frames["condition"][:] = np.nan
+        w.add_episode(frames, "task0", "train")
+    with pytest.raises(DataFormatError, match="no train frame .* condition label"):
+        NADDataModule(unlabelled, "omx", horizon=5, condition_frames=8).setup("fit")
+
+
 def test_temperature_glitches_are_filtered(tmp_path):
     frames = coded_frames(0, 60)
     frames["temperature"][10, 1] = 95.0  # one-frame spike

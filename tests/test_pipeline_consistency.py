@@ -206,3 +206,57 @@ def test_the_streaming_window_is_the_offline_window():
         np.testing.assert_array_equal(now["q"][0].numpy(), offline["q"][t].numpy())
         np.testing.assert_array_equal(now["pad"][0].numpy(), offline["pad"][t].numpy())
     assert offline["pad"][0].tolist() == [True, True, False]
+
+
+def test_the_condition_frames_are_what_infer_scores_at_those_frames(so101, tmp_path):
+    """``data.condition_frames`` (conf/train/condition_frames.yaml): every frame the
+    DataModule draws for the pooled condition head gives, through the head's training path
+    (:meth:`NeuralActuator.pooled_condition_logit`, the module's ``condition_frames_loss``),
+    the condition `infer` computes at that frame of that episode (the episode filtered and
+    pooled as a whole, dropped reads included) -- and so what `live` computes, above; the
+    loss is the BCE of those scores against the frames' labels."""
+    from nactuator.training.losses import condition_loss
+    from nactuator.training.module import NeuralActuatorModule
+
+    dm, _, _ = so101
+    source = read_dataset(dm.paths[0])  # the recording, with condition labels written in
+    platform = load_platform("so101")
+    with DatasetWriter(tmp_path / "labelled", platform, source.fps) as w:
+        for ep in source.episodes:
+            condition = np.ones_like(ep.frames["q"])
+            condition[:, 3] = ep.index % 2  # elbow_flex restricted in every other run
+            condition[:20] = np.nan  # and the first frames unlabelled
+            w.add_episode({**ep.frames, "condition": condition}, ep.task, ep.split, ep.meta)
+    _, actuator, _ = so101
+    episodes = {ep.index: ep for ep in load_episodes(tmp_path / "labelled", platform,
+                                                     None)}
+    served = NADDataModule([tmp_path / "labelled"], "so101", window_length=WINDOW, horizon=6,
+                           batch_size=4,
+                           seed=0, pool_frames=dm.input_filters.get("pool", {}).get("frames"),
+                           condition_frames=512)
+    frames = next(iter(served.train_dataloader()))["condition_frames"]
+    if actuator.condition_head is None:  # the plain model has no pooled head to train
+        with pytest.raises(ValueError, match="condition_head"):
+            actuator.pooled_condition_logit(frames)
+        return
+    by_dm_index = {e.index: episodes[e.dataset_episode] for e in served.episodes}
+    offline = {i: predict_episodes(actuator, [filter_episode(ep, served.input_filters)])[0]
+               for i, ep in by_dm_index.items() if ep.split == "train"}
+    with torch.no_grad():
+        logit = actuator.pooled_condition_logit(frames)
+    expected = np.stack([offline[e]["condition"][t] for e, t in zip(
+        frames["episode_index"].tolist(), frames["frame"].tolist(), strict=True)])
+    np.testing.assert_allclose(torch.sigmoid(logit).numpy(), expected, atol=1e-6)
+    valid = [by_dm_index[e].frames["telemetry_valid"] for e in offline]
+    assert sum(int((v == 0).any()) for v in valid) == len(valid)  # dropped reads in them
+    assert len(set(frames["episode_index"].tolist())) > 1 and (frames["frame"] >= 20).all()
+    assert frames["condition_valid"].all() and 0 < frames["condition"][:, 0, 3].mean() < 1
+
+    module = NeuralActuatorModule(platform="so101", features=actuator.features,
+                                  condition_head={"kind": "pooled", "hidden": 8})
+    module.actuator = actuator
+    with torch.no_grad():
+        loss = module.condition_frames_loss(frames)
+    torch.testing.assert_close(loss, condition_loss(
+        torch.logit(torch.from_numpy(expected).double()).float(),
+        frames["condition"][:, 0], frames["condition_valid"][:, 0]), rtol=0, atol=1e-4)

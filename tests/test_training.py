@@ -32,13 +32,15 @@ TINY_MODEL = dict(arch="transformer", width=32, depth=1,
 
 def write_sim_dataset(root: Path, platform_name: str = "so101", frames: int = 48,
                       splits: dict[str, int] | None = None, seed: int = 0,
-                      force: bool = True, condition: bool = True) -> Path:
+                      force: bool = True, condition: bool = True,
+                      degrade: int | None = None) -> Path:
     """Episodes recorded from the simulator under a PD law ``tau = kp e − kd qd``.
 
     Telemetry: effort = tau / torque_max (the platform's 'fraction of max torque' style),
     steady voltage and slowly rising temperature with a little variation. Optionally a
     payload-style force label on the second half of every other episode, and condition
-    labels on every motor.
+    labels on every motor. ``degrade``: that motor's effort reads 3x and its condition 0
+    (restricted) in every odd episode (a toy condition the pooled statistics separate).
     """
     splits = splits or {"train": 3, "validation": 1, "test": 1}
     platform = load_platform(platform_name)
@@ -87,6 +89,9 @@ def write_sim_dataset(root: Path, platform_name: str = "so101", frames: int = 48
             }
             if condition:
                 frames_e["condition"] = np.ones((frames, n))
+            if degrade is not None and e % 2 == 1:
+                frames_e["effort"][:, degrade] *= 3.0
+                frames_e["condition"][:, degrade] = 0.0
             writer.add_episode(frames_e, task="pd_sines", split=split)
     return root
 
@@ -511,3 +516,55 @@ def test_state_noise_perturbs_training_rollouts_only(so101_data):
     assert drift.max() > 1e-3 and drift[:, -1].mean() > drift[:, 0].mean()  # a random walk
     with pytest.raises(ValueError, match="state noise must be >= 0"):
         make_module(state_noise_q=-1.0)
+
+
+# ------------------------------------------------------ condition frames (issue 18)
+
+
+@pytest.mark.parametrize("frames", [None, 256], ids=["segments_off", "condition_frames"])
+def test_condition_frames_teach_the_pooled_head_a_separable_condition(tmp_path, frames):
+    """``data.condition_frames`` with the rollout's condition term off (``loss.w_cond: 0``,
+    conf/train/condition_frames.yaml): the pooled condition head learns from the frames
+    alone -- a motor whose effort reads 3x in the restricted runs is told apart on the
+    held-out runs, as ``infer`` scores them -- and without the frames it learns nothing
+    (its weights stay where they started, but for weight decay). The frames' loss reaches
+    no other parameter."""
+    from nactuator.data.episodes import filter_episode
+    from nactuator.eval.episodes import load_episodes, predict_episodes
+    from nactuator.platforms import load_platform
+
+    root = write_sim_dataset(tmp_path / "ds", "so101", frames=64, force=False, degrade=2,
+                             splits={"train": 6, "validation": 2, "test": 2})
+    L.seed_everything(0)
+    dm = NADDataModule([root], "so101", window_length=WINDOW, horizon=6, batch_size=4,
+                       samples_per_epoch=4 * 40, seed=0, pool_frames=16,
+                       condition_frames=frames)
+    module = make_module(features=["command", "state", "telemetry", "error", "pooled"],
+                         condition_head={"kind": "pooled", "hidden": 16}, condition_lr=0.03,
+                         condition_lr_schedule="constant",
+                         loss=LossWeights(w_cond=0.0, w_cond_frames=100.0))
+    module = built(module, dm)
+    head = {k: v.clone() for k, v in module.actuator.condition_head.state_dict().items()}
+    if frames:  # the frames' loss moves the head and nothing else
+        batch = first_batch(dm)
+        module.condition_frames_loss(batch["condition_frames"]).backward()
+        grads = {name for name, p in module.actuator.named_parameters()
+                 if p.grad is not None and p.grad.abs().sum() > 0}
+        assert grads and all(name.startswith("condition_head.") for name in grads)
+        module.actuator.zero_grad(set_to_none=True)
+    make_trainer(tmp_path, max_steps=40).fit(module, datamodule=dm)
+    actuator = module.actuator.eval()
+    held_out = [filter_episode(ep, dm.input_filters)
+                for ep in load_episodes(root, load_platform("so101"), None)
+                if ep.split != "train"]
+    right = []
+    for ep, out in zip(held_out, predict_episodes(actuator, held_out), strict=True):
+        restricted = ep.frames["condition"][:, 2] < 0.5
+        right.append((out["condition"][:, 2] < 0.5) == restricted)
+    accuracy = float(np.concatenate(right).mean())
+    if frames:
+        assert accuracy > 0.95, accuracy
+    else:
+        for key, value in actuator.condition_head.state_dict().items():  # weight decay only
+            torch.testing.assert_close(value, head[key], rtol=1e-3, atol=0)
+        assert accuracy < 0.9, accuracy

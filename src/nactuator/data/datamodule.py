@@ -14,6 +14,10 @@ Training batches are segments of H + 1 frames after L - 1 frames of context; H (
 rollout horizon) follows the curriculum ``horizon`` ({first epoch: H}), read once per epoch
 when Lightning asks for the train loader: the DataModule is the one owner of H. Validation
 and test batches are whole episodes from frame 0 to their end, for the evaluation protocol.
+With ``condition_frames`` K every training batch also carries K single frames drawn at
+random from every condition-labelled frame of the train split (``batch["condition_frames"]``),
+for the pooled condition head to learn from more, less correlated frames than the segments
+hold (docs/results.md §6.3.4).
 """
 
 from __future__ import annotations
@@ -131,8 +135,14 @@ class _Segments(IterableDataset):
             order = rng.permutation(len(starts))
         else:
             order = rng.integers(0, len(starts), size=dm.samples_per_epoch)
+        # the condition frames from a stream of their own: the segments' order is the same
+        # with and without them
+        frames_rng = np.random.default_rng([dm.seed + dm._rank(), dm._epoch(), 1])
         for pos in range(0, len(order), dm.batch_size):
-            yield dm._gather(starts[order[pos : pos + dm.batch_size]], horizon)
+            batch = dm._gather(starts[order[pos : pos + dm.batch_size]], horizon)
+            if dm.condition_frames is not None:
+                batch["condition_frames"] = dm._condition_frames(frames_rng)
+            yield batch
 
 
 class _Episodes(IterableDataset):
@@ -178,6 +188,14 @@ class NADDataModule(L.LightningDataModule):
         pool_frames: horizon (frames) of the input filters' causal pooled statistics of
             effort and command (the ``pool_*`` channels the feature group ``pooled`` reads,
             served in every batch); ``None`` (default): none are computed or served.
+        condition_frames: K: every training batch also carries ``condition_frames``, K
+            single frames (windows of length 1: every channel of the segments, (K, 1, ...),
+            plus ``episode_index`` and ``frame`` (K,)) drawn uniformly, with replacement, from
+            the condition-labelled frames of every train episode, each with its filtered
+            inputs and pooled statistics as the whole episode gives them (what ``infer``
+            and ``live`` compute at that frame) and its condition labels: what the pooled
+            condition head learns from (``model.loss.w_cond_frames``;
+            conf/train/condition_frames.yaml). ``None`` (default): not served.
         eval_batch_size: whole episodes per validation/test batch (default: all of them).
         cv_folds, cv_fold: serve fold ``cv_fold`` of a ``cv_folds``-fold cross-validation
             by trajectory instead of the stored splits (:mod:`nactuator.data.folds`: the
@@ -204,6 +222,7 @@ class NADDataModule(L.LightningDataModule):
         temperature_median: int = 11,
         missing_telemetry: str = "hold_last_valid",
         pool_frames: int | None = None,
+        condition_frames: int | None = None,
         eval_batch_size: int | None = None,
         cv_folds: int | None = None,
         cv_fold: int = 0,
@@ -224,6 +243,12 @@ class NADDataModule(L.LightningDataModule):
             raise ValueError(f"samples_per_epoch must be >= 1 or None, got {samples_per_epoch}")
         if eval_batch_size is not None and eval_batch_size < 1:
             raise ValueError(f"eval_batch_size must be >= 1 or None, got {eval_batch_size}")
+        if condition_frames is not None and (not isinstance(condition_frames, int)
+                                             or isinstance(condition_frames, bool)
+                                             or condition_frames < 1):
+            raise ValueError(f"condition_frames must be an integer >= 1 or None, got "
+                             f"{condition_frames!r}")
+        self.condition_frames = condition_frames
         self.window_length = int(window_length)
         self._before = self.window_length - 1  # context frames before a segment's start
         self.curriculum = HorizonCurriculum(horizon if isinstance(horizon, dict) else {0: horizon})
@@ -452,6 +477,14 @@ class NADDataModule(L.LightningDataModule):
         self._split_of = np.array([e.split for e in episodes])
         self._row_episode = row_episode
         self._row_first = row_first
+        # packed rows of the train frames with a condition label (condition_frames' pool)
+        train_real = real[self._split_of[ep_of_real] == "train"]
+        self._condition_rows = train_real[
+            packed[train_real, self._slices["condition_valid"]].any(axis=1)]
+        if self.condition_frames is not None and len(self._condition_rows) == 0:
+            raise DataFormatError(
+                f"data.condition_frames is set but no train frame of "
+                f"{[str(x) for x in self.paths]} has a condition label")
         self._row_mask = self._load_masks(episodes, real, total)
         self._loaded = True
 
@@ -602,6 +635,17 @@ class NADDataModule(L.LightningDataModule):
         batch["episode_index"] = torch.from_numpy(self._row_episode[current])
         batch["start"] = torch.from_numpy(current - self._row_first[current])
         return batch
+
+    def _condition_frames(self, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        """``condition_frames`` frames drawn from the condition-labelled train frames: every
+        channel as a window of length 1, (K, 1, ...), with ``episode_index`` and ``frame``
+        (its index in the episode), (K,)."""
+        rows = self._condition_rows[rng.integers(0, len(self._condition_rows),
+                                                 size=self.condition_frames)]
+        frames = self._take(rows[:, None])
+        frames["episode_index"] = torch.from_numpy(self._row_episode[rows])
+        frames["frame"] = torch.from_numpy(rows - self._row_first[rows])
+        return frames
 
     def _whole_episodes(self, ids: np.ndarray) -> dict[str, torch.Tensor]:
         """Episodes ``ids`` from frame 0 to their end: the L - 1 padding rows, then every

@@ -147,9 +147,25 @@ class NeuralActuator(nn.Module):
         if self.condition_head is None:
             return self.net(tokens)
         out = self.net(tokens.index_select(-1, self.net_columns))
-        logit = self.condition_head(tokens[:, -1][:, self.pool_columns])
+        logit = self._pooled_condition(tokens)
         out["condition_logit"], out["condition"] = logit, torch.sigmoid(logit)
         return out
+
+    def _pooled_condition(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The pooled condition head's logits (B, n) on the current (last) frame's pooled
+        token columns of ``tokens`` (B, L, n_in)."""
+        return self.condition_head(tokens[:, -1][:, self.pool_columns])
+
+    def pooled_condition_logit(self, window: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The condition logits (B, n) that :meth:`forward` gives for ``window`` (its
+        ``condition_logit``) with the pooled condition head, without running the network:
+        the head reads only the current frame's pooled statistics, so a window of one
+        frame suffices (the DataModule's ``condition_frames``, which training fits the head
+        on). Needs ``condition_head: pooled``."""
+        if self.condition_head is None:
+            raise ValueError("pooled_condition_logit needs model_config condition_head "
+                             "{kind: pooled}; this actuator's condition is the network's")
+        return self._pooled_condition(self.feature_builder(window))
 
     @property
     def has_uncertainty(self) -> bool:

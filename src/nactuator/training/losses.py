@@ -64,6 +64,11 @@ class LossWeights:
     # motor's torque frame by frame, not only through the motion it produces; 0: off.
     w_motor: float = 0.0
     motor_beta: float = 0.05
+    # The pooled condition head's loss on the DataModule's condition frames (data.
+    # condition_frames: single frames drawn from the whole train split a step, not only the
+    # rollout's segments; docs/results.md §6.3.4): BCE like L_cond, at this weight. Only
+    # computed when the batches carry them.
+    w_cond_frames: float = 100.0
 
     def __post_init__(self) -> None:
         if isinstance(self.command_joints, str) or not all(

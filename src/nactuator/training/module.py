@@ -58,7 +58,7 @@ from nactuator.training.checkpoints import (
 from nactuator.training.dataset_checks import check_datamodule_matches, check_dataset_channels
 from nactuator.training.ema import EMA
 from nactuator.training.finetune import load_pretrained, log_normalisation_shift, parameter_groups
-from nactuator.training.losses import LossWeights
+from nactuator.training.losses import LossWeights, condition_loss
 from nactuator.training.objective import rollout_errors, rollout_losses, step_mask
 from nactuator.training.schedule import warmup_cosine
 from nactuator.training.selection import ValidationScore
@@ -128,6 +128,9 @@ class NeuralActuatorModule(L.LightningModule):
             and cosine of every group) or ``constant`` (with ``condition_lr``: the head
             trains at ``condition_lr`` from the first to the last step; docs/results.md
             §6.3.3: windows OMX 94.9 vs 94.1 %, SO-101 88.6 vs 87.6 %, 4 folds).
+            With ``data.condition_frames`` the head also learns, every step, from the
+            DataModule's frames drawn from the whole train split (``loss.w_cond_frames``;
+            :meth:`condition_frames_loss`, conf/train/condition_frames.yaml).
         external_torque: apply the labelled external forces of the data in every training
             rollout's simulator step as their joint torque at the recorded pose: the
             contacts (``contact_link``, ``contact_point``, ``contact_force``;
@@ -272,6 +275,11 @@ class NeuralActuatorModule(L.LightningModule):
             self.build_actuator(datamodule.norm_stats)
         if datamodule is not None:
             self._check_platform_of(datamodule)
+            if getattr(datamodule, "condition_frames", None) is not None and \
+                    getattr(self.actuator, "condition_head", None) is None:
+                raise ValueError("data.condition_frames trains the pooled condition head: set "
+                                 "model.condition_head {kind: pooled} (conf/train/"
+                                 "pooled_condition.yaml) or leave data.condition_frames unset")
             if self.loss_weights.w_silhouette > 0 and \
                     getattr(datamodule, "masks_camera", None) is None:
                 raise ValueError("model.loss.w_silhouette > 0 needs masks: set "
@@ -497,6 +505,9 @@ class NeuralActuatorModule(L.LightningModule):
             # below exactly like one whose loss diverged (and identically on every DDP rank).
             return self._nan_loss()
         parts = self.compute_losses(r, batch)
+        if "condition_frames" in batch:
+            parts["cond_frames"] = self.condition_frames_loss(batch["condition_frames"])
+            parts["loss"] = parts["loss"] + self.loss_weights.w_cond_frames * parts["cond_frames"]
         batch_size = batch["q"].shape[0]
         self.log("train/loss", parts["loss"], prog_bar=True, batch_size=batch_size)
         self.log_dict({f"train/{k}": v for k, v in parts.items() if k != "loss"},
@@ -508,6 +519,16 @@ class NeuralActuatorModule(L.LightningModule):
                 key = "train/lr" if name in ("all", "heads") else f"train/lr_{name}"
                 self.log(key, group["lr"], batch_size=batch_size)
         return parts["loss"]
+
+    def condition_frames_loss(self, frames: dict[str, torch.Tensor]) -> torch.Tensor:
+        """BCE of the pooled condition head on the DataModule's condition frames (windows
+        of one frame, ``data.condition_frames``), through
+        :meth:`~nactuator.models.NeuralActuator.pooled_condition_logit`: the logits
+        ``forward`` gives at those frames (the head reads only the current frame's pooled
+        statistics, which no rollout changes), on every labelled (frame, motor)."""
+        logit = self.actuator.pooled_condition_logit(frames)
+        return condition_loss(logit, frames["condition"][:, -1],
+                              frames["condition_valid"][:, -1])
 
     def _nan_loss(self) -> torch.Tensor:
         return sum(p.sum() for p in self.actuator.parameters()) * float("nan")
