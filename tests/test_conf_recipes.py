@@ -107,3 +107,25 @@ def test_the_condition_frames_overlay_changes_only_what_the_condition_head_learn
     assert data.input_filters == base_data.input_filters
     assert data.curriculum.max_horizon == base_data.curriculum.max_horizon
     assert trainer.max_epochs == base_trainer.max_epochs == 36
+
+
+def test_the_so101_condition_overlay_widens_the_head_and_shortens_the_pool():
+    """conf/train/condition_so101.yaml (docs/results.md §6.3.5) on top of nad_so101.yaml,
+    pooled_condition.yaml and condition_frames.yaml: the per-motor pooled head at hidden
+    128 on statistics pooled over 24 frames; everything else is condition_frames.yaml's."""
+    recipes = ("nad_so101.yaml", "pooled_condition.yaml", "condition_frames.yaml")
+    model, data, trainer = _parse("so101", *recipes, "condition_so101.yaml")
+    base, base_data, base_trainer = _parse("so101", *recipes)
+    assert model.hparams.condition_head == {"kind": "pooled", "hidden": 128}
+    assert base.hparams.condition_head == {"kind": "pooled", "hidden": 32}
+    assert data.input_filters["pool"] == {"frames": 24}
+    assert base_data.input_filters["pool"] == {"frames": 32}
+    assert data.condition_frames == base_data.condition_frames == 1024
+    assert (model.hparams.condition_lr, model.hparams.condition_lr_schedule) == (
+        0.03, "constant")
+    assert (model.loss_weights.w_cond, model.loss_weights.w_cond_frames) == (0.0, 100.0)
+    for key in ("width", "depth", "lr", "warmup_steps", "features", "weight_decay"):
+        assert model.hparams[key] == base.hparams[key]
+    assert {k: v for k, v in data.input_filters.items() if k != "pool"} == {
+        k: v for k, v in base_data.input_filters.items() if k != "pool"}
+    assert trainer.max_epochs == base_trainer.max_epochs == 36
