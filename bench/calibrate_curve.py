@@ -1,10 +1,13 @@
-"""Held-out error against minutes recorded and against weights used, on SO-101 arms the
-pretraining never saw (issue 26 item 3): the shipped bundle adapted as `calibrate-arm`
+"""Held-out error against minutes recorded and against weights used, on SO-101 (or OMX) arms
+the pretraining never saw (issue 26 item 3): the shipped bundle adapted as `calibrate-arm`
 adapts it (optimiser steps scaled to the minutes, conf/calibrate/so101.yaml), the same
 recipe and steps from scratch, the bundle as shipped, command following, and the linear
 force regression fitted on the same runs.
 
     PYTHONPATH=src .venv/bin/python bench/calibrate_curve.py --out runs/calibrate-curve
+    # the same design on OpenManipulator-X worlds (conf/calibrate/omx.yaml's steps)
+    PYTHONPATH=src .venv/bin/python bench/calibrate_curve.py \
+        --config conf/bench/calibrate_curve_omx.yaml --out runs/calibrate-curve-omx
 
 The design is conf/bench/calibrate_curve.yaml: one world outside the pretraining's
 randomisation (conf/world/so101_worn.yaml), one arm per seed; data from `data synth` (not
@@ -453,7 +456,9 @@ def plot(r: dict[str, Any], path: Path) -> None:
             ax.set_yscale("log")  # from scratch at 1 min is several times the rest
             ax.legend(fontsize=7)
     seeds = r["config"]["seeds"]
-    fig.suptitle(f"SO-101 arms outside the pretraining's randomisation ({r['config']['world']}, "
+    arm = {"so101": "SO-101", "omx": "OpenManipulator-X"}.get(r["config"]["platform"],
+                                                              r["config"]["platform"])
+    fig.suptitle(f"{arm} arms outside the pretraining's randomisation ({r['config']['world']}, "
                  f"seeds {', '.join(map(str, seeds))}): mean, band = range over seeds", fontsize=10)
     fig.tight_layout()
     write_png(path, fig, dpi=90)

@@ -239,6 +239,21 @@ def test_bench_calibrate_curve_plans_each_point_once_in_priority_order():
         "pick_and_place_300g", "pick_and_place_empty"]
 
 
+@pytest.mark.parametrize("design", ["calibrate_curve.yaml", "calibrate_curve_omx.yaml"])
+def test_bench_calibrate_curve_designs_name_tasks_their_world_has(design):
+    # Every task a design trains or holds out on must exist in its world, or `data synth`
+    # fails after minutes of other points.
+    from nactuator.world.params import load_world_config
+
+    bench_main("calibrate_curve")
+    mod = sys.modules["bench_calibrate_curve"]
+    cfg = mod.load_config(BENCH.parent / "conf" / "bench" / design)
+    world, _ = load_world_config(cfg["platform"], BENCH.parent / cfg["world"])
+    sets = cfg["curves"]["weights"]["weight_sets"] + [cfg["curves"]["minutes"]["weights_g"]]
+    wanted = {t for ws in sets for t in mod.tasks_for(ws, cfg)} | set(mod.unseen_tasks(cfg))
+    assert wanted <= set(world["tasks"]), sorted(wanted - set(world["tasks"]))
+
+
 def test_bench_calibrate_curve_config_error_names_the_file(tmp_path):
     bench_main("calibrate_curve")
     mod = sys.modules["bench_calibrate_curve"]
