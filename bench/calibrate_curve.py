@@ -35,8 +35,11 @@ import yaml
 
 from nactuator.atomic import write_json, write_png, write_text
 from nactuator.child import run_nactuator
+from nactuator.data import read_dataset
 from nactuator.errors import UserError
+from nactuator.experiments.adapt import EpisodeRef, write_subset
 from nactuator.paths import conf_dir, project_root
+from nactuator.platforms import load_platform
 
 KEYS = {"joints": "arm mean (deg), model", "command following": "arm mean (deg), command following",
         "force": "force 3-axis (N), model rollout",
@@ -128,31 +131,29 @@ def split_pools(synth_dir: Path, folder: Path, weight_sets: list[list[int]],
     """The held-out dataset (the test runs of every task) and, per weight set, a dataset of
     the train runs of its tasks only: `adapt` on [pool, held_out] fine-tunes on the first N
     of the pool (interleaved over its tasks) and scores on the held-out runs."""
-    from nactuator.data import DatasetWriter, read_dataset
-    from nactuator.platforms import load_platform
-
-    platform = load_platform(cfg["platform"])
-    ds = None
-    wanted = {"held_out": (None, "test")}
     unseen = set(unseen_tasks(cfg))
+    wanted = {"held_out": ("test", lambda task: task not in unseen)}
     if unseen:
-        wanted["held_out_unseen"] = (unseen, "test")
-    wanted.update({"pool_" + "-".join(map(str, ws)): (set(tasks_for(ws, cfg)), "train")
-                   for ws in weight_sets})
-    paths = {}
-    for name, (tasks, split) in wanted.items():
-        root = folder / name
-        paths[name] = root
-        if (root / "meta" / "info.json").is_file():
-            continue
-        ds = ds or read_dataset(synth_dir)
-        with DatasetWriter(root, platform, fps=ds.fps) as writer:
-            for ep in ds.episodes:
-                if ep.split == split and (ep.task in tasks if tasks is not None
-                                          else ep.task not in unseen):
-                    meta = {k: v for k, v in ep.meta.items() if k != "split"}
-                    writer.add_episode(dict(ep.frames), ep.task, split, episode_meta=meta)
+        wanted["held_out_unseen"] = ("test", unseen.__contains__)
+    for ws in weight_sets:
+        wanted["pool_" + "-".join(map(str, ws))] = ("train", set(tasks_for(ws, cfg)).__contains__)
+    paths = {name: folder / name for name in wanted}
+    ds = None
+    for name, (split, keep) in wanted.items():
+        if not (paths[name] / "meta" / "info.json").is_file():
+            ds = ds or read_dataset(synth_dir)
+            runs = runs_of(ds, split, keep)
+            write_subset(paths[name], load_platform(ds.platform), ds.fps,
+                         train=runs if split == "train" else [],
+                         test=runs if split == "test" else [])
     return paths.pop("held_out"), paths  # paths: the pools and "held_out_unseen" if any
+
+
+def runs_of(ds: Any, split: str, keep: Any = lambda task: True) -> list[tuple[Any, Any]]:
+    """(reference, episode) of dataset ``ds``'s ``split`` runs whose task ``keep`` accepts,
+    as `adapt`'s subset writer takes them."""
+    return [(EpisodeRef(str(ds.root), ep.index, ep.task, ep.split), ep)
+            for ep in ds.episodes if ep.split == split and keep(ep.task)]
 
 
 def _metrics(row: dict[str, Any]) -> dict[str, float | None]:
@@ -166,17 +167,10 @@ def _metrics(row: dict[str, Any]) -> dict[str, float | None]:
 def with_test_runs(train_data: Path, test_data: Path, out: Path) -> Path:
     """A dataset of ``train_data``'s train runs and ``test_data``'s test runs: `eval` on it
     scores the test runs and fits the linear regression on the train runs."""
-    from nactuator.data import DatasetWriter, read_dataset
-    from nactuator.platforms import load_platform
-
     if not (out / "meta" / "info.json").is_file():
         train, test = read_dataset(train_data), read_dataset(test_data)
-        with DatasetWriter(out, load_platform(train.platform), fps=train.fps) as writer:
-            for ds, split in ((train, "train"), (test, "test")):
-                for ep in ds.episodes:
-                    if ep.split == split:
-                        meta = {k: v for k, v in ep.meta.items() if k != "split"}
-                        writer.add_episode(dict(ep.frames), ep.task, split, episode_meta=meta)
+        write_subset(out, load_platform(train.platform), train.fps,
+                     train=runs_of(train, "train"), test=runs_of(test, "test"))
     return out
 
 
@@ -198,8 +192,6 @@ def measure(point: dict[str, Any], cfg: dict[str, Any], folder: Path, held: Path
     steps = steps_override or adapt_steps(seconds, proto)
     epochs = max(1, math.ceil(steps / per_epoch))
     train_cfg = yaml.safe_load(adapt_cfg.read_text())["train"]
-    from nactuator.platforms import load_platform
-
     frames = math.floor(cfg["run_seconds"] * load_platform(cfg["platform"]).fps)
     horizon = fit_horizon(train_cfg["data"]["horizon"], frames)
     extra = [f"--trainer.max_epochs={epochs}", f"--data.horizon={horizon}"]
@@ -216,8 +208,8 @@ def measure(point: dict[str, Any], cfg: dict[str, Any], folder: Path, held: Path
            "pretrained": _metrics(base["metrics"]), "adapted": _metrics(tuned["metrics"]),
            "adapt_fit_s": tuned["fit_s"], "adapt_fit_cpu_s": tuned.get("fit_cpu_s"),
            "adapt_total_s": adapt_wall}
+    subset = adapt_out / "data" / f"n_{n:03d}"  # the N runs `adapt` fine-tuned on
     if held_unseen is not None:
-        subset = adapt_out / "data" / f"n_{n:03d}"
         unseen = with_test_runs(subset, held_unseen, adapt_out / "data" / f"unseen_n_{n:03d}")
         scored = adapt_out / f"eval_unseen_n_{n:03d}"
         if not (scored / "metrics.json").is_file():
@@ -226,7 +218,6 @@ def measure(point: dict[str, Any], cfg: dict[str, Any], folder: Path, held: Path
                                                              .read_text())))
     if point["with_scratch"]:
         # From scratch: the same recipe, steps and N runs, without init_from.
-        subset = adapt_out / "data" / f"n_{n:03d}"
         run_dir = wdir / "scratch" / f"n_{n:03d}"
         if not (run_dir / "done.json").is_file():
             shutil.rmtree(run_dir, ignore_errors=True)  # a cut-off run starts again whole

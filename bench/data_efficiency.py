@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from nactuator.data import read_dataset  # noqa: E402
 from nactuator.data.folds import CV_SPLITS  # noqa: E402
-from nactuator.experiments.adapt import EpisodeRef, _write_subset  # noqa: E402
+from nactuator.experiments.adapt import EpisodeRef, write_subset  # noqa: E402
 from nactuator.experiments.cv import run_cv  # noqa: E402
 from nactuator.platforms import load_platform  # noqa: E402
 
@@ -65,7 +65,7 @@ def pool_subset(full: Path, out: Path, runs: int) -> Path:
         raise SystemExit(f"{full}: tasks with fewer than {runs} train/validation episodes: {short}")
     chosen = [(EpisodeRef(str(full), ep.index, ep.task, ep.split), ep)
               for runs_of_task in by_task.values() for ep in runs_of_task[:runs]]
-    return _write_subset(out, load_platform(ds.platform), ds.fps, chosen, [])
+    return write_subset(out, load_platform(ds.platform), ds.fps, chosen, [])
 
 
 def main(argv: list[str] | None = None) -> None:

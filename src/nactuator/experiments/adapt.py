@@ -55,8 +55,8 @@ from nactuator.model_files import resolve_model_path
 from nactuator.platforms import conf_dir
 from nactuator.training.callbacks import CLOCK_FILE
 
-__all__ = ["DEFAULT_CONFIG", "AdaptError", "adapt", "load_adapt_config",
-           "plan_episodes"]
+__all__ = ["DEFAULT_CONFIG", "AdaptError", "EpisodeRef", "adapt", "load_adapt_config",
+           "plan_episodes", "write_subset"]
 
 DEFAULT_CONFIG = conf_dir() / "train" / "adapt.yaml"
 EPOCH_CKPT_GLOB = "ft-epoch=*.ckpt"
@@ -176,8 +176,8 @@ def plan_episodes(datasets: Sequence[Any], held_out: str = "auto",
     return Plan(pool, held, held_out, held_out_runs)
 
 
-def _write_subset(root: Path, platform: Any, fps: float, train: Sequence[tuple],
-                  test: Sequence[tuple]) -> Path:
+def write_subset(root: Path, platform: Any, fps: float, train: Sequence[tuple],
+                 test: Sequence[tuple]) -> Path:
     """A nactuator dataset of ``train`` (split train) and ``test`` (split test) episodes."""
     from nactuator.data import DatasetWriter
 
@@ -403,7 +403,7 @@ def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence
     write_text(train_config, "# the `train` section of " + cfg["source"] + "\n"
                + yaml.safe_dump(cfg["train"], sort_keys=False))
     fps = datasets[0].fps
-    held_data = _write_subset(out / "data" / "held_out", platform, fps, [], plan.held_out)
+    held_data = write_subset(out / "data" / "held_out", platform, fps, [], plan.held_out)
     curve_ns = {"largest": counts[-1:], "all": counts, "none": []}[settings["time_curve"]]
     metric = settings["metric"]
 
@@ -419,7 +419,7 @@ def adapt(ckpt: str | os.PathLike, data: str | Sequence[str], episodes: Sequence
         points.append({"n": 0, "episodes": [], "checkpoint": str(ckpt), "metrics": base,
                        "reduction": None})
         bar.update(1)
-        subsets = {n: _write_subset(out / "data" / f"n_{n:03d}", platform, fps,
+        subsets = {n: write_subset(out / "data" / f"n_{n:03d}", platform, fps,
                                     plan.pool[:n], plan.held_out) for n in counts}
         bar.set_postfix_str(f"fine-tuning N = {', '.join(map(str, counts))} on "
                             f"{backend.describe()}")
