@@ -139,10 +139,11 @@ def _grams(g: float) -> str:
     return f"{g:g}"
 
 
-def weights_advice(weights_g: Sequence[float], protocol: dict[str, Any]) -> str | None:
-    """The protocol's advice when fewer weights than it takes are given (else None)."""
+def weights_advice(weights_g: Sequence[float] | None, protocol: dict[str, Any]) -> str | None:
+    """The protocol's advice on which weights to bring, on one line: always before the
+    question (``weights_g`` None), else when fewer weights than it takes were given."""
     w = protocol["weights"]
-    if len(weights_g) < w["count"][1] and w.get("advice"):
+    if w.get("advice") and (weights_g is None or len(weights_g) < w["count"][1]):
         return " ".join(w["advice"].split())
     return None
 
@@ -239,10 +240,10 @@ def resolve_weights(given: str | None, state: State, protocol: dict[str, Any],
     w = protocol["weights"]
     if ask is None:
         raise CalibrateError(f"give the {w['count'][0]}-{w['count'][1]} known weights you own "
-                             "with --weights-g, e.g. --weights-g 100,200 (nobody is at a "
+                             "with --weights-g, e.g. --weights-g 100,200,300 (nobody is at a "
                              "terminal to ask)")
-    if w.get("advice"):
-        print(" ".join(w["advice"].split()))
+    if advice := weights_advice(None, protocol):
+        print(advice)
     while True:
         answer = ask(f"Which known weights do you own? {w['count'][0]} to {w['count'][1]} "
                      f"of them, in grams, {w['min_g']:g}-{w['max_g']:g} g, e.g. 100,200,300: ")
