@@ -15,7 +15,7 @@ from test_models import make_stats, make_window
 
 from nactuator.eval import evaluate
 from nactuator.eval.infer import infer
-from nactuator.eval.intervals import SCORES_FILE, calibrate, load_scores
+from nactuator.eval.intervals import SCORES_FILE, calibrate, interval_scores, load_scores
 from nactuator.experiments.cv import interval_rows
 from nactuator.export import export, load_torchscript
 from nactuator.models import NeuralActuator, bundle_to_dict, load_actuator, save_bundle
@@ -28,6 +28,8 @@ from nactuator.uncertainty import (
     coverage_metrics,
     cross_fold_coverage,
     episode_coverage,
+    gate_scales,
+    scale_per_element,
 )
 
 FULL = ["command", "state", "telemetry", "error"]
@@ -119,6 +121,71 @@ def test_cross_fold_calibration_never_uses_the_fold_it_judges():
     assert all(r["test_episodes"] == 3 for r in rows)
 
 
+def gated_episode(rng, frames=300, contact_factor=3.0):
+    """Scores (T, 3) of a model whose σ is right off contact and ``contact_factor`` times
+    too small in contact (the shape §13 measured), and the gate (T,) that says contact:
+    a third of the frames, in one block."""
+    contact = np.zeros(frames, bool)
+    start = rng.integers(0, 2 * frames // 3)
+    contact[start:start + frames // 3] = True
+    z = np.abs(rng.normal(size=(frames, 3)))
+    return np.where(contact[:, None], contact_factor * z, z), contact
+
+
+def test_gate_scales_cover_contact_and_free_frames_alike():
+    rng = np.random.default_rng(5)
+    cal = [gated_episode(rng) for _ in range(40)]
+    fresh = [gated_episode(rng) for _ in range(200)]
+
+    def coverage(scale, by_gate=None):
+        per_group = {"contact": [], "free": []}
+        for s, c in fresh:
+            covered = s <= scale_per_element(scale, c, by_gate)
+            per_group["contact"].append(covered[c].mean())
+            per_group["free"].append(covered[~c].mean())
+        return {k: float(np.mean(v)) for k, v in per_group.items()}
+
+    one = conformal_scale([s for s, _ in cal], 0.9)
+    single = coverage(one["scale"])
+    # one scale: too narrow in contact, too wide off it (both sides of 90 %)
+    assert single["contact"] < 0.8 and single["free"] > 0.95
+    fits = gate_scales([s for s, _ in cal], [c for _, c in cal], 0.9)
+    assert fits["fallback"] is None and fits["contact"]["episodes"] == 40
+    # independently: |N(0,1)| exceeds Φ⁻¹(1 − m/2) with probability m, m the CRC miss at n=40
+    miss = (41 * 0.1 - 1) / 40
+    assert fits["free"]["scale"] == pytest.approx(norm.ppf(1 - miss / 2), rel=0.05)
+    assert fits["contact"]["scale"] == pytest.approx(3 * norm.ppf(1 - miss / 2), rel=0.05)
+    by_gate = {k: fits[k]["scale"] for k in ("free", "contact")}
+    gated = coverage(fits["free"]["scale"], by_gate)
+    assert 0.9 <= gated["contact"] <= 0.95 and 0.9 <= gated["free"] <= 0.95
+
+
+def test_gate_scales_fall_back_when_the_gate_never_opens():
+    rng = np.random.default_rng(6)
+    cal = [gated_episode(rng) for _ in range(5)]
+    fits = gate_scales([s for s, _ in cal], [np.zeros(len(c), bool) for _, c in cal], 0.9)
+    assert fits["fallback"] == "contact" and fits["contact"]["scale"] == fits["free"]["scale"]
+    with pytest.raises(ValueError, match="a gate of"):
+        gate_scales([cal[0][0]], [cal[0][1][:10]])
+
+
+def test_cross_fold_coverage_by_gate_uses_the_other_folds_and_both_scales():
+    rng = np.random.default_rng(7)
+    folds = [[gated_episode(rng) for _ in range(10)] for _ in range(3)]
+    scores = [[s for s, _ in f] for f in folds]
+    gates = [[c for _, c in f] for f in folds]
+    plain = cross_fold_coverage(scores, 0.9)
+    gated = cross_fold_coverage(scores, 0.9, gates)
+    for f, row in enumerate(gated):
+        others = [s for g in range(3) if g != f for s in scores[g]]
+        other_gates = [c for g in range(3) if g != f for c in gates[g]]
+        fit = gate_scales(others, other_gates, 0.9)
+        assert row["by_gate"] == {"free": fit["free"]["scale"],
+                                  "contact": fit["contact"]["scale"]}
+        assert row["by_gate"]["contact"] > 2 * row["by_gate"]["free"]
+        assert plain[f]["by_gate"] is None and row["episodes"] == 20
+
+
 def test_coverage_metrics_by_hand():
     f = np.zeros((4, 3))
     truth = np.array([[0.5, 0, 0], [2.0, 0, 0], [0, 0, 0], [0, 0, -3.0]])
@@ -182,6 +249,35 @@ def test_interval_is_force_plus_minus_scale_sigma_and_round_trips(tmp_path):
     torch.testing.assert_close(out2["force_hi"] - out2["force"], 5.0 * sigma)
 
 
+def test_gate_conditional_interval_widens_where_the_gate_is_open(tmp_path):
+    torch.manual_seed(0)
+    act = NeuralActuator(FULL, 5, make_stats(), {**TINY, "uncertainty": True})
+    window = make_window(batch=64, seed=3)
+    with torch.no_grad():  # centre the untrained gate so that half the frames are "contact"
+        logit = act.net(act.feature_builder(window))["gate_logit"]
+        act.net.heads.force_readout.bias[3] -= logit.median()
+    path = save_bundle(bundle_to_dict(act, "omx"), tmp_path / "b.pt")
+    set_calibration(path, calibration_record({"scale": 1.0}, "given",
+                                             {"free": 1.0, "contact": 4.0}))
+    act, meta = load_actuator(path)
+    assert meta["uncertainty"]["by_gate"] == {"free": 1.0, "contact": 4.0}
+    with torch.no_grad():
+        out = act(window)
+        raw = act.net(act.feature_builder(window))
+    gate = torch.sigmoid(raw["gate_logit"])
+    assert (gate >= 0.5).any() and (gate < 0.5).any()  # both kinds of frame in the batch
+    expected = torch.where(gate >= 0.5, 4.0, 1.0) * torch.exp(0.5 * raw["force_log_var"])
+    torch.testing.assert_close(out["force_hi"] - out["force"], expected)
+    # the exported graph carries the same rule
+    module, ts_meta = load_torchscript(export(path, tmp_path / "g.ts"))
+    args = [window[k] for k in ts_meta["inputs"]] + [torch.zeros(64, 9, dtype=torch.bool)]
+    with torch.no_grad():
+        got = dict(zip(ts_meta["outputs"], module(*args), strict=True))
+    torch.testing.assert_close(got["force_hi"], out["force_hi"], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="contact scale"):
+        calibration_record({"scale": 1.0}, "bad", {"free": 1.0, "contact": 0.0})
+
+
 def test_torchscript_export_gives_the_interval(tmp_path):
     path = head_bundle(tmp_path / "b.pt", scale=3.0)
     file = export(path, tmp_path / "a.ts")
@@ -200,6 +296,14 @@ def test_torchscript_export_gives_the_interval(tmp_path):
 
 
 # --------------------------------------------------------------- infer, calibrate, eval
+
+
+def _predicted(ckpt, data, split):
+    """(episodes, causal predictions) of ``ckpt`` on ``split``, as calibrate sees them."""
+    from nactuator.eval.episodes import load_filtered, predict_episodes
+
+    actuator, _, _, episodes = load_filtered(ckpt, data, split)
+    return episodes, predict_episodes(actuator, episodes)
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +341,17 @@ def test_infer_csv_brackets_the_force_and_calibrate_sets_the_scale(tiny, head_ck
     assert main(["calibrate-intervals", "--ckpt", str(head_ckpt), "--scale", "2.5",
                  "--out", str(given)]) == 0
     assert load_actuator(given)[1]["uncertainty"]["scale"] == 2.5
+    assert main(["calibrate-intervals", "--ckpt", str(head_ckpt), "--scale", "2.5",
+                 "--contact-scale", "4", "--out", str(given)]) == 0
+    assert load_actuator(given)[1]["uncertainty"]["by_gate"] == {"free": 2.5, "contact": 4.0}
+
+    # fitted by gate on the episodes: the same pair as gate_scales on their scores
+    text = calibrate(head_ckpt, tiny["data"], split="test", out=cal, by_gate=True)
+    record = load_actuator(cal)[1]["uncertainty"]
+    rows = interval_scores(*_predicted(head_ckpt, tiny["data"], "test"))
+    fits = gate_scales([r["scores"] for r in rows], [r["gate_contact"] for r in rows])
+    assert record["by_gate"] == {k: fits[k]["scale"] for k in ("free", "contact")}
+    assert "gate closed" in text
 
 
 def test_eval_reports_coverage_and_writes_scores(tiny, head_ckpt, tmp_path):  # noqa: F811
@@ -257,3 +372,10 @@ def test_eval_reports_coverage_and_writes_scores(tiny, head_ckpt, tmp_path):  # 
     fold_rows, pooled = interval_rows([out / SCORES_FILE, out / SCORES_FILE])
     assert pooled["episodes"] == 4 and len(fold_rows) == 2
     assert 0 <= fold_rows[0]["interval coverage (%), out-of-fold"] <= 100
+    # the files hold the gate, so the gate-conditional rows come too
+    assert 0 <= fold_rows[0]["interval coverage (%), out-of-fold, by gate"] <= 100
+    assert set(pooled["by_gate"]) == {"free", "contact"}
+    # the sampling spread of one fold: the episodes' coverage sd over √(episodes a fold)
+    each = [100 * np.mean(r["scores"] <= pooled["scale"]) for r in rows + rows]
+    assert pooled["episode_sd"] == pytest.approx(np.std(each, ddof=1))
+    assert pooled["fold_sd"] == pytest.approx(np.std(each, ddof=1) / np.sqrt(2))

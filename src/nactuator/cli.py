@@ -139,7 +139,7 @@ def _calibrate_intervals(a: argparse.Namespace) -> int:
 
     cv = None if a.cv_folds is None else (a.cv_folds, a.cv_fold)
     print(calibrate(a.ckpt, a.data, split=a.split, out=a.out, level=a.level, scale=a.scale,
-                    cv=cv))
+                    cv=cv, by_gate=a.by_gate, contact_scale=a.contact_scale))
     return 0
 
 
@@ -661,6 +661,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--scale", type=float, default=None,
                    help="set this scale (in σ) instead, e.g. the pooled out-of-fold scale "
                         "`cv` reports")
+    s.add_argument("--by-gate", action="store_true",
+                   help="fit one scale where the model's contact gate is open and one where "
+                        "it is closed (docs/uncertainty.md)")
+    s.add_argument("--contact-scale", type=float, default=None,
+                   help="with --scale: the scale where the gate is open (--scale is then the "
+                        "closed gate's), e.g. the pair `cv` reports")
     s.add_argument("--level", type=float, default=0.9, help="nominal coverage (default 0.9)")
     s.add_argument("--out", default=None, help="write the calibrated checkpoint here "
                    "(default: in place)")

@@ -29,10 +29,12 @@ from nactuator.data import Episode
 from nactuator.data.episodes import dataset_paths, filter_episode
 from nactuator.eval.episodes import EvalDataError, force_labels, load_episodes
 from nactuator.uncertainty import (
+    GATE_CONTACT,
     NOMINAL_LEVEL,
     calibration_record,
     conformal_scale,
     coverage_metrics,
+    gate_scales,
     normalised_scores,
 )
 
@@ -49,13 +51,16 @@ def _truth(ep: Episode) -> np.ndarray:
 def interval_scores(episodes: Sequence[Episode], preds: Sequence[dict[str, np.ndarray]],
                     train_tasks: set[str] | None = None) -> list[dict[str, Any]]:
     """Per episode: ``scores`` (T, 3) = |f − f̂| / σ, ``sigma`` (T, 3), ``contact`` (T,)
-    and ``seen`` (its task has train episodes; None if unknown)."""
+    (the label says contact), ``gate_contact`` (T,) (the model's gate says contact: what a
+    gate-conditional scale is chosen by) and ``seen`` (its task has train episodes; None if
+    unknown)."""
     rows = []
     for ep, p in zip(episodes, preds, strict=True):
         truth = _truth(ep)
         rows.append({"scores": normalised_scores(p["force"], p["force_sigma"], truth),
                      "sigma": np.asarray(p["force_sigma"], np.float64),
                      "contact": np.linalg.norm(truth, axis=1) > CONTACT_THRESHOLD_N,
+                     "gate_contact": np.asarray(p["gate"]).reshape(-1) >= GATE_CONTACT,
                      "seen": None if train_tasks is None else ep.task in train_tasks,
                      "task": ep.task, "episode_index": ep.index})
     return rows
@@ -88,12 +93,13 @@ def interval_report(episodes: Sequence[Episode], preds: Sequence[dict[str, np.nd
 
 def write_scores(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
     """The per-episode scores as one ``.npz`` (``scores_i``, ``sigma_i``, ``contact_i``,
-    ``seen`` (−1 unknown), ``task``)."""
+    ``gate_contact_i``, ``seen`` (−1 unknown), ``task``)."""
     arrays: dict[str, np.ndarray] = {}
     for i, r in enumerate(rows):
         arrays[f"scores_{i}"] = r["scores"]
         arrays[f"sigma_{i}"] = r["sigma"]
         arrays[f"contact_{i}"] = r["contact"]
+        arrays[f"gate_contact_{i}"] = r["gate_contact"]
     arrays["seen"] = np.array([-1 if r["seen"] is None else int(r["seen"]) for r in rows])
     arrays["task"] = np.array([r["task"] for r in rows])
     arrays["episode_index"] = np.array([r["episode_index"] for r in rows])
@@ -103,11 +109,13 @@ def write_scores(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
 
 
 def load_scores(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """What :func:`write_scores` wrote, as the rows of :func:`interval_scores`."""
+    """What :func:`write_scores` wrote, as the rows of :func:`interval_scores`
+    (``gate_contact`` None in a file written before the gate was stored)."""
     with np.load(path) as z:
         n = len(z["seen"])
         return [{"scores": z[f"scores_{i}"], "sigma": z[f"sigma_{i}"],
                  "contact": z[f"contact_{i}"],
+                 "gate_contact": z[f"gate_contact_{i}"] if f"gate_contact_{i}" in z else None,
                  "seen": None if z["seen"][i] < 0 else bool(z["seen"][i]),
                  "task": str(z["task"][i]), "episode_index": int(z["episode_index"][i])}
                 for i in range(n)]
@@ -119,8 +127,12 @@ def _pct(x: float | None) -> str:
 
 def interval_markdown(report: dict[str, Any]) -> str:
     """The ``metrics.md`` section of :func:`interval_report`."""
+    by_gate = (report["calibration"] or {}).get("by_gate") if isinstance(
+        report["calibration"], dict) else None
+    half = (f"{report['scale']:.3f} σ" if by_gate is None else
+            f"{by_gate['free']:.3f} σ (gate open: {by_gate['contact']:.3f} σ)")
     lines = ["", "## Force interval (nominal 90 %)", "",
-             f"Causal path; interval f̂ ± {report['scale']:.3f} σ "
+             f"Causal path; interval f̂ ± {half} "
              f"({'calibrated' if isinstance(report['calibration'], dict) else 'uncalibrated'}"
              "); unlabelled axes as 0 N.", "",
              "| frames | coverage | coverage x / y / z | mean width (N) | MAE (N) | elements |",
@@ -137,9 +149,14 @@ def interval_markdown(report: dict[str, Any]) -> str:
 
 def calibrate(ckpt: str | os.PathLike, data=None, split: str = "validation",
               out: str | os.PathLike | None = None, level: float = NOMINAL_LEVEL,
-              scale: float | None = None, cv: tuple[int, int] | None = None) -> str:
+              scale: float | None = None, cv: tuple[int, int] | None = None,
+              by_gate: bool = False, contact_scale: float | None = None) -> str:
     """Fit (or set, ``scale``) the force interval's conformal scale and store it in the
-    checkpoint (``out``, default: in place). Returns a summary."""
+    checkpoint (``out``, default: in place). Returns a summary.
+
+    ``by_gate``: fit one scale on the frames the model's gate calls contact and one on the
+    rest (:func:`nactuator.uncertainty.gate_scales`); with ``scale`` given,
+    ``contact_scale`` sets the contact frames' scale (``scale`` is then the free frames')."""
     from nactuator.eval.infer import predict_episodes
     from nactuator.models import load_actuator
     from nactuator.models.bundle import set_calibration
@@ -149,9 +166,15 @@ def calibrate(ckpt: str | os.PathLike, data=None, split: str = "validation",
     if not actuator.has_uncertainty:
         raise EvalDataError(f"{ckpt}: the model has no uncertainty head; train it with "
                             "--config conf/train/uncertainty.yaml (model.uncertainty: true)")
+    gated = None
+    if contact_scale is not None and scale is None:
+        raise EvalDataError("--contact-scale goes with --scale (the free frames' scale)")
     if scale is not None:
         fit = {"scale": float(scale), "level": level, "episodes": 0, "guarantee": False}
         source = "given (--scale)"
+        if contact_scale is not None:
+            gated = {"free": float(scale), "contact": float(contact_scale)}
+            source = "given (--scale, --contact-scale)"
     else:
         if data is None:
             raise EvalDataError("calibrate needs --data (held-out episodes) or --scale")
@@ -166,12 +189,24 @@ def calibrate(ckpt: str | os.PathLike, data=None, split: str = "validation",
         fit = conformal_scale([r["scores"] for r in rows], level)
         source = (f"{', '.join(str(p) for p in dataset_paths(data))} split {split}"
                   + ("" if cv is None else f" (cv fold {cv[1]} of {cv[0]})"))
-    record = calibration_record(fit, source)
+        if by_gate:
+            fits = gate_scales([r["scores"] for r in rows], [r["gate_contact"] for r in rows],
+                               level)
+            gated = {"free": fits["free"]["scale"], "contact": fits["contact"]["scale"]}
+            if fits["fallback"] is not None:
+                state = "open" if fits["fallback"] == "contact" else "closed"
+                source += f"; no frame with the gate {state}: both scales from the other frames"
+    try:
+        record = calibration_record(fit, source, gated)
+    except ValueError as err:
+        raise EvalDataError(f"calibrate-intervals: {err}") from err
     target = set_calibration(ckpt, record, out)
     note = ("finite-sample guarantee (conformal risk control)" if record["guarantee"] else
             f"no finite-sample guarantee: {record['episodes']} episode(s) < "
             f"{int(np.ceil(1 / (1 - level) - 1))} needed at level {level:g}")
-    return (f"calibrate: scale {record['scale']:.4f} σ for the {100 * level:g} % force "
-            f"interval from {source}" + (f"; {record['episodes']} episode(s), {note}"
-                                         if scale is None else "")
+    what = (f"scale {record['scale']:.4f} σ" if gated is None else
+            f"scales {gated['free']:.4f} σ (gate closed) and {gated['contact']:.4f} σ "
+            "(gate open)")
+    return (f"calibrate: {what} for the {100 * level:g} % force interval from {source}"
+            + (f"; {record['episodes']} episode(s), {note}" if scale is None else "")
             + f"\nwritten: {target}")

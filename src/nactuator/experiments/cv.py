@@ -35,7 +35,14 @@ from nactuator.data.references import is_worse, verdict
 from nactuator.distributed import Backend, make_backend, run_all
 from nactuator.errors import UserError
 from nactuator.platforms import load_platform
-from nactuator.uncertainty import NOMINAL_LEVEL, conformal_scale, cross_fold_coverage
+from nactuator.uncertainty import (
+    NOMINAL_LEVEL,
+    conformal_scale,
+    cross_fold_coverage,
+    episode_coverage,
+    gate_scales,
+    scale_per_element,
+)
 
 __all__ = ["CVError", "run_cv", "summarize_folds"]
 
@@ -176,32 +183,57 @@ def interval_rows(score_files: Sequence[Path], level: float = NOMINAL_LEVEL
     for fold f the conformal scale (:func:`nactuator.uncertainty.cross_fold_coverage`,
     the episode as the unit) comes from the held-out episodes of every other fold, each
     scored by its own fold's model, and is judged on fold f's held-out episodes (coverage,
-    mean width, contact / no-contact coverage). Also the scale pooled over all folds (what
-    `nactuator calibrate-intervals --scale` gives the recipe's final model). ([], None) when a fold
-    has no scores (a model without the uncertainty head)."""
+    mean width, contact / no-contact coverage). When the score files hold the gate, the
+    same again with gate-conditional scales (rows "…, by gate"). Also the scale pooled over
+    all folds (what `nactuator calibrate-intervals --scale` gives the recipe's final model;
+    ``pooled["by_gate"]`` the pair for ``--scale … --contact-scale …``). ([], None) when a
+    fold has no scores (a model without the uncertainty head)."""
     from nactuator.eval.intervals import load_scores
 
     if not score_files or not all(Path(p).is_file() for p in score_files):
         return [], None
     folds = [load_scores(p) for p in score_files]
-    lofo = cross_fold_coverage([[e["scores"] for e in fold] for fold in folds], level)
-    rows: list[dict[str, float | None]] = []
-    for fold, cal in zip(folds, lofo, strict=True):
-        row: dict[str, float | None] = {"interval scale (σ), out-of-fold": cal["scale"],
-                                        "interval coverage (%), out-of-fold":
-                                        None if cal["coverage"] is None
-                                        else 100 * cal["coverage"]}
-        scale = cal["scale"]
-        if scale is not None:
-            scores = np.concatenate([e["scores"] for e in fold])
+    scores = [[e["scores"] for e in fold] for fold in folds]
+    gates = [[e["gate_contact"] for e in fold] for fold in folds]
+    have_gate = all(g is not None for fold in gates for g in fold)
+    variants = [("", cross_fold_coverage(scores, level))]
+    if have_gate:
+        variants.append((", by gate", cross_fold_coverage(scores, level, gates)))
+    rows: list[dict[str, float | None]] = [{} for _ in folds]
+    for suffix, lofo in variants:
+        for row, fold, cal in zip(rows, folds, lofo, strict=True):
+            row[f"interval scale (σ), out-of-fold{suffix}"] = cal["scale"]
+            if cal["by_gate"] is not None:
+                row[f"interval scale, gate open (σ), out-of-fold{suffix}"] = \
+                    cal["by_gate"]["contact"]
+            row[f"interval coverage (%), out-of-fold{suffix}"] = (
+                None if cal["coverage"] is None else 100 * cal["coverage"])
+            if cal["scale"] is None:
+                continue
+            per = np.concatenate([
+                np.broadcast_to(scale_per_element(cal["scale"], e["gate_contact"],
+                                                  cal["by_gate"]), e["scores"].shape)
+                for e in fold])
+            flat = np.concatenate([e["scores"] for e in fold])
             sigma = np.concatenate([e["sigma"] for e in fold])
             contact = np.concatenate([e["contact"] for e in fold])
-            row["interval width (N), out-of-fold"] = float(2 * scale * sigma.mean())
+            row[f"interval width (N), out-of-fold{suffix}"] = float(np.mean(2 * per * sigma))
             for name, keep in (("contact", contact), ("no contact", ~contact)):
-                row[f"interval coverage (%), {name}, out-of-fold"] = (
-                    float(100 * np.mean(scores[keep] <= scale)) if keep.any() else None)
-        rows.append(row)
-    pooled = conformal_scale([e["scores"] for fold in folds for e in fold], level)
+                row[f"interval coverage (%), {name}, out-of-fold{suffix}"] = (
+                    float(100 * np.mean(flat[keep] <= per[keep])) if keep.any() else None)
+    pooled = conformal_scale([s for fold in scores for s in fold], level)
+    # How far one fold's coverage moves by the draw of its episodes alone: the spread of
+    # the episodes' own coverage at the pooled scale over √(episodes a fold).
+    each = 100 * episode_coverage([s for fold in scores for s in fold], pooled["scale"])
+    per_fold = float(np.mean([len(fold) for fold in scores]))
+    pooled["episode_sd"] = float(np.std(each, ddof=1)) if each.size > 1 else None
+    pooled["fold_sd"] = (None if pooled["episode_sd"] is None
+                         else pooled["episode_sd"] / math.sqrt(per_fold))
+    pooled["episodes_per_fold"] = per_fold
+    if have_gate:
+        fits = gate_scales([s for fold in scores for s in fold],
+                           [g for fold in gates for g in fold], level)
+        pooled["by_gate"] = {"free": fits["free"]["scale"], "contact": fits["contact"]["scale"]}
     return rows, pooled
 
 
@@ -381,7 +413,18 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
             f"all {pooled['episodes']} held-out episodes: {pooled['scale']:.3f} σ "
             f"(`nactuator calibrate-intervals --ckpt CKPT --scale {pooled['scale']:.3f}`)"
             + ("" if pooled["guarantee"] else "; fewer than 9 episodes: no finite-sample "
-               "guarantee"))
+               "guarantee")
+            + ("" if "by_gate" not in pooled else
+               f"; by gate {pooled['by_gate']['free']:.3f} σ closed, "
+               f"{pooled['by_gate']['contact']:.3f} σ open (`--scale "
+               f"{pooled['by_gate']['free']:.3f} --contact-scale "
+               f"{pooled['by_gate']['contact']:.3f}`)"))
+        if pooled.get("fold_sd") is not None:
+            header.append(
+                f"  - the held-out episodes' own coverage at that scale varies by "
+                f"{pooled['episode_sd']:.1f} points (sd): with "
+                f"{pooled['episodes_per_fold']:.1f} episodes a fold, the draw of its episodes "
+                f"alone moves a fold's coverage by about ±{pooled['fold_sd']:.1f} points")
     train_s = train_times([out / f"fold_{f}" for f in chosen])
     header.append("- training per fold (the `train` child; CPU = user + sys): "
                   + "; ".join(f"{what} {_fmt(s['mean'], 0)} ± {_fmt(s['sd'], 0)} s "

@@ -14,7 +14,7 @@ from nactuator.models.firmware import FirmwareLaw
 from nactuator.models.heads import PooledConditionHead
 from nactuator.models.networks import build_model
 from nactuator.models.physics import build_physics
-from nactuator.uncertainty import GAUSSIAN_Z90
+from nactuator.uncertainty import GATE_CONTACT, GAUSSIAN_Z90
 
 # What a model with the heteroscedastic force head adds to its outputs (each (B, 3), N):
 # σ per axis and the interval f̂ ∓ scale·σ of the bundle's calibration.
@@ -179,6 +179,12 @@ class NeuralActuator(nn.Module):
         return GAUSSIAN_Z90 if not calibration else float(calibration["scale"])
 
     @property
+    def interval_gate_scales(self) -> tuple[float, float] | None:
+        """(free, contact) half-widths in σ of a gate-conditional calibration, else None."""
+        by_gate = (self.interval_calibration or {}).get("by_gate")
+        return None if not by_gate else (float(by_gate["free"]), float(by_gate["contact"]))
+
+    @property
     def dynamics(self) -> str:
         """``"torque"`` (a simulator turns the output torque into the next state) or
         ``"next_state"`` (the model predicts the next state itself: ``dq``, ``dqd``)."""
@@ -238,7 +244,12 @@ class NeuralActuator(nn.Module):
             out["tau"] = self.physics(window) + out["tau"]
         if "force_log_var" in out:
             sigma = torch.exp(0.5 * out["force_log_var"])
-            half = self.interval_scale * sigma
+            gated = self.interval_gate_scales
+            if gated is None:
+                half = self.interval_scale * sigma
+            else:  # the gate picks the scale: contact frames get the wider one
+                contact = out["gate"] >= GATE_CONTACT
+                half = torch.where(contact, gated[1], gated[0]) * sigma
             out.update(force_sigma=sigma, force_lo=out["force"] - half,
                        force_hi=out["force"] + half)
         return out

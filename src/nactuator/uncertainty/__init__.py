@@ -14,11 +14,17 @@ Three pieces, each a plain function of arrays or tensors:
   episodes the finite-sample guarantee needs ``(n / (n + 1)) mean L + 1 / (n + 1) ≤ α``,
   which exists only for ``n ≥ 1/α − 1`` (9 episodes at 90 %); with fewer the plain
   empirical mean is used and the result says ``guarantee: False``.
+- :func:`gate_scales`: the same calibration done apart for the frames the model's own
+  contact gate calls contact and for the rest (Mondrian conformal prediction, Vovk et al.
+  2005: a guarantee per group). One scale for all frames leaves the interval too narrow in
+  contact and too wide out of it when σ does not grow enough in contact; the gate is known
+  at run time, so the interval can pick its scale by it.
 - :func:`coverage_metrics`: empirical coverage, mean width, and the same split by any
   boolean frame masks (contact / no contact, seen / unseen task).
 
 The interval of one force axis is ``f̂ ± s·σ``; an uncalibrated model uses the Gaussian
-``s = z_0.95 = 1.645`` (:data:`GAUSSIAN_Z90`).
+``s = z_0.95 = 1.645`` (:data:`GAUSSIAN_Z90`); a gate-conditional calibration uses
+``s_contact`` where the gate is ≥ :data:`GATE_CONTACT` and ``s_free`` elsewhere.
 """
 
 from __future__ import annotations
@@ -39,8 +45,11 @@ __all__ = [
     "calibration_record",
     "conformal_scale",
     "coverage_metrics",
+    "GATE_CONTACT",
     "cross_fold_coverage",
     "episode_coverage",
+    "gate_scales",
+    "scale_per_element",
     "normalised_scores",
 ]
 
@@ -49,6 +58,9 @@ NOMINAL_LEVEL = 0.9
 GAUSSIAN_Z90 = 1.6448536269514722
 # The head's log-variance is clamped to [e^-12, e^6] N²: σ from 2.5 mN to 20 N.
 LOG_VAR_MIN, LOG_VAR_MAX = -12.0, 6.0
+# A frame whose contact gate is at least this is a "contact" frame for the gate-conditional
+# scales (the gate's own decision threshold).
+GATE_CONTACT = 0.5
 
 
 def beta_nll(mean: torch.Tensor, log_var: torch.Tensor, target: torch.Tensor,
@@ -121,6 +133,43 @@ def conformal_scale(scores: Sequence[np.ndarray], level: float = NOMINAL_LEVEL
             "target": float(target)}
 
 
+def gate_scales(scores: Sequence[np.ndarray], contact: Sequence[np.ndarray],
+                level: float = NOMINAL_LEVEL) -> dict[str, Any]:
+    """:func:`conformal_scale` fitted apart on the frames each episode's gate calls contact
+    and on the rest (``scores`` (T, 3) and ``contact`` (T,) bool per episode; an episode
+    counts in a group when it has frames there). A group no episode has frames in gets the
+    other group's scale (``fallback`` names it). Returns ``{"free": fit, "contact": fit,
+    "fallback": None | "free" | "contact"}``."""
+    groups: dict[str, list[np.ndarray]] = {"free": [], "contact": []}
+    for s, c in zip(scores, contact, strict=True):
+        s = np.asarray(s, dtype=np.float64)
+        c = np.asarray(c, dtype=bool).reshape(-1)
+        if s.shape[0] != c.shape[0]:
+            raise ValueError(f"scores of {s.shape[0]} frames but a gate of {c.shape[0]}")
+        for name, keep in (("contact", c), ("free", ~c)):
+            if keep.any():
+                groups[name].append(s[keep])
+    if not groups["free"] and not groups["contact"]:
+        raise ValueError("gate_scales needs at least one calibration episode with scores")
+    fits = {name: conformal_scale(eps, level) for name, eps in groups.items() if eps}
+    fallback = None
+    for name, other in (("free", "contact"), ("contact", "free")):
+        if name not in fits:
+            fits[name], fallback = dict(fits[other]), name
+    return {**fits, "fallback": fallback}
+
+
+def scale_per_element(scale: float, contact: np.ndarray | None = None,
+                      by_gate: Mapping[str, float] | None = None) -> np.ndarray | float:
+    """The interval's scale of each frame: ``scale`` everywhere, or with ``by_gate``
+    (``{"free": s_f, "contact": s_c}``) ``s_c`` on ``contact`` frames and ``s_f`` elsewhere,
+    as (T, 1) for (T, 3) scores."""
+    if by_gate is None or contact is None:
+        return scale
+    c = np.asarray(contact, dtype=bool).reshape(-1, 1)
+    return np.where(c, float(by_gate["contact"]), float(by_gate["free"]))
+
+
 def coverage_metrics(estimate: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                      truth: np.ndarray,
                      groups: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
@@ -148,36 +197,61 @@ def coverage_metrics(estimate: np.ndarray, lo: np.ndarray, hi: np.ndarray,
 
 
 def cross_fold_coverage(fold_scores: Sequence[Sequence[np.ndarray]],
-                        level: float = NOMINAL_LEVEL) -> list[dict[str, Any]]:
+                        level: float = NOMINAL_LEVEL,
+                        fold_contact: Sequence[Sequence[np.ndarray]] | None = None
+                        ) -> list[dict[str, Any]]:
     """Leave-one-fold-out conformal calibration of a cross-validation: for fold ``f``, the
     scale from the held-out episodes of every *other* fold (each scored by its own fold's
     model: the pooled out-of-fold episodes), then the coverage of fold ``f``'s held-out
     episodes at that scale. Returns per fold ``{"scale", "episodes" (calibration),
     "guarantee", "coverage" (element-weighted), "coverage_episode_mean", "test_episodes"}``.
-    """
+
+    With ``fold_contact`` (per episode the (T,) frames its gate calls contact) the scales
+    are :func:`gate_scales` and each row adds ``"by_gate": {"free": s_f, "contact": s_c}``;
+    ``"scale"`` is then the free frames' scale."""
     rows = []
     for f, test in enumerate(fold_scores):
         calibration = [s for g, scores in enumerate(fold_scores) if g != f for s in scores]
         if not calibration or not test:
             rows.append({"scale": None, "episodes": len(calibration), "guarantee": False,
                          "coverage": None, "coverage_episode_mean": None,
-                         "test_episodes": len(test)})
+                         "test_episodes": len(test), "by_gate": None})
             continue
-        fit = conformal_scale(calibration, level)
-        flat = np.concatenate([np.asarray(s).reshape(-1) for s in test])
+        by_gate, test_contact = None, [None] * len(test)
+        if fold_contact is None:
+            fit = conformal_scale(calibration, level)
+        else:
+            cal_contact = [c for g, cs in enumerate(fold_contact) if g != f for c in cs]
+            fits = gate_scales(calibration, cal_contact, level)
+            fit = fits["free"]
+            by_gate = {"free": fits["free"]["scale"], "contact": fits["contact"]["scale"]}
+            test_contact = list(fold_contact[f])
+        covered = [np.asarray(s) <= scale_per_element(fit["scale"], c, by_gate)
+                   for s, c in zip(test, test_contact, strict=True)]
+        flat = np.concatenate([c.reshape(-1) for c in covered])
         rows.append({"scale": fit["scale"], "episodes": fit["episodes"],
-                     "guarantee": fit["guarantee"],
-                     "coverage": float(np.mean(flat <= fit["scale"])),
-                     "coverage_episode_mean": float(episode_coverage(test, fit["scale"]).mean()),
-                     "test_episodes": len(test)})
+                     "guarantee": fit["guarantee"], "coverage": float(np.mean(flat)),
+                     "coverage_episode_mean": float(np.mean([c.mean() for c in covered])),
+                     "test_episodes": len(test), "by_gate": by_gate})
     return rows
 
 
-def calibration_record(fit: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """What a bundle stores as its interval calibration (``bundle["uncertainty"]``)."""
-    scale = float(fit["scale"])
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"a calibration scale must be a finite number > 0, got {scale!r}")
-    return {"level": float(fit.get("level", NOMINAL_LEVEL)), "scale": scale,
-            "episodes": int(fit.get("episodes", 0)), "guarantee": bool(fit.get("guarantee")),
-            "source": str(source)}
+def calibration_record(fit: Mapping[str, Any], source: str,
+                       by_gate: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What a bundle stores as its interval calibration (``bundle["uncertainty"]``);
+    ``by_gate`` (``{"free": s_f, "contact": s_c}``) adds the gate-conditional scales the
+    model then uses instead of ``scale``."""
+    def checked(value: Any, what: str) -> float:
+        value = float(value)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"a calibration {what} must be a finite number > 0, got {value!r}")
+        return value
+
+    record = {"level": float(fit.get("level", NOMINAL_LEVEL)),
+              "scale": checked(fit["scale"], "scale"),
+              "episodes": int(fit.get("episodes", 0)), "guarantee": bool(fit.get("guarantee")),
+              "source": str(source)}
+    if by_gate is not None:
+        record["by_gate"] = {name: checked(by_gate[name], f"{name} scale")
+                             for name in ("free", "contact")}
+    return record
