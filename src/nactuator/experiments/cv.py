@@ -223,8 +223,11 @@ def interval_rows(score_files: Sequence[Path], level: float = NOMINAL_LEVEL
                     float(100 * np.mean(flat[keep] <= per[keep])) if keep.any() else None)
     pooled = conformal_scale([s for fold in scores for s in fold], level)
     # How far one fold's coverage moves by the draw of its episodes alone: the spread of
-    # the episodes' own coverage at the pooled scale over √(episodes a fold).
-    each = 100 * episode_coverage([s for fold in scores for s in fold], pooled["scale"])
+    # the episodes' own coverage over √(episodes a fold), at the scale that covers the
+    # nominal level on average (the finite-sample scale covers everything at n = 9).
+    everyone = [s for fold in scores for s in fold]
+    nominal = conformal_scale(everyone, level, finite_sample=False)["scale"]
+    each = 100 * episode_coverage(everyone, nominal)
     per_fold = float(np.mean([len(fold) for fold in scores]))
     pooled["episode_sd"] = float(np.std(each, ddof=1)) if each.size > 1 else None
     pooled["fold_sd"] = (None if pooled["episode_sd"] is None
@@ -421,7 +424,8 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
                f"{pooled['by_gate']['contact']:.3f}`)"))
         if pooled.get("fold_sd") is not None:
             header.append(
-                f"  - the held-out episodes' own coverage at that scale varies by "
+                f"  - at the scale that covers {100 * pooled['level']:g} % on average, the "
+                f"held-out episodes' own coverage varies by "
                 f"{pooled['episode_sd']:.1f} points (sd): with "
                 f"{pooled['episodes_per_fold']:.1f} episodes a fold, the draw of its episodes "
                 f"alone moves a fold's coverage by about ±{pooled['fold_sd']:.1f} points")

@@ -96,15 +96,17 @@ def episode_coverage(scores: Sequence[np.ndarray], scale: float) -> np.ndarray:
     return np.array([float(np.mean(np.asarray(s) <= scale)) for s in scores])
 
 
-def conformal_scale(scores: Sequence[np.ndarray], level: float = NOMINAL_LEVEL
-                    ) -> dict[str, Any]:
+def conformal_scale(scores: Sequence[np.ndarray], level: float = NOMINAL_LEVEL,
+                    finite_sample: bool = True) -> dict[str, Any]:
     """The smallest scale ``s`` at which the mean over calibration episodes of their
     coverage reaches ``level`` (the episode is the unit; see the module docstring).
 
     ``scores``: one 1-D array of normalised scores per calibration episode (every labelled
     frame and axis). Returns ``{"scale", "level", "episodes", "guarantee", "target"}``:
     ``target`` is the mean episode coverage the scale was chosen to reach (the conformal
-    risk control bound when ``guarantee``, else ``level`` itself)."""
+    risk control bound when ``guarantee``, else ``level`` itself). ``finite_sample=False``
+    aims at ``level`` whatever ``n`` (no guarantee: what a diagnostic at the nominal level
+    wants, not a calibration)."""
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level!r}")
     episodes = [np.asarray(s, dtype=np.float64).reshape(-1) for s in scores]
@@ -116,7 +118,7 @@ def conformal_scale(scores: Sequence[np.ndarray], level: float = NOMINAL_LEVEL
     alpha = 1.0 - level
     bound = ((n + 1) * alpha - 1.0) / n  # CRC with losses in [0, 1]: mean L <= bound
     # 1 - 0.9 is 0.0999...98 in floating point: n = 9 at 90 % must still count as enough.
-    guarantee = bound >= -1e-9
+    guarantee = finite_sample and bound >= -1e-9
     bound = max(bound, 0.0)
     allowed_miss = bound if guarantee else alpha
     target = 1.0 - allowed_miss
