@@ -120,3 +120,28 @@ def test_fault_onset_reads_the_label_switch():
     assert fault_onset(np.ones((10, 3))) is None  # nominal throughout
     lab[:, 2] = 0.0
     assert fault_onset(lab) is None  # degraded from frame 0 (a `_degrade` run): no onset
+
+
+def test_the_flag_rule_comes_from_conf_per_platform(tmp_path):
+    import yaml
+
+    from nactuator.eval.detection_run import default_rule
+    from nactuator.eval.episodes import EvalDataError
+    from nactuator.paths import conf_dir
+
+    shipped = yaml.safe_load((conf_dir() / "eval" / "detection.yaml").read_text())
+    # the holds docs/results.md §6.3.6 measured: SO-101 30 frames, OMX 6, others the default
+    assert default_rule("so101") == (0.5, 30) == (shipped["threshold"],
+                                                   shipped["hold_frames"]["so101"])
+    assert default_rule("omx") == (0.5, 6)
+    assert default_rule("pendulum") == (0.5, shipped["hold_frames"]["default"])
+    bad = tmp_path / "rule.yaml"
+    bad.write_text("threshold: 0.5\nhold_frames: {default: 6, omx: 0}\n")
+    with pytest.raises(EvalDataError, match=r"rule.yaml: hold_frames.omx must be an integer"):
+        default_rule("omx", bad)
+    bad.write_text("threshold: 2\nhold_frames: {default: 6}\n")
+    with pytest.raises(EvalDataError, match="threshold must be a number in"):
+        default_rule("omx", bad)
+    bad.write_text("threshold: 0.5\nhold_frames: 6\n")
+    with pytest.raises(EvalDataError, match="'default' entry"):
+        default_rule("omx", bad)

@@ -931,10 +931,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "(nactuator data synth --world conf/world/<platform>_onset.yaml)")
     s.add_argument("--split", default=None, choices=["train", "validation", "test"],
                    help="episodes to run on (default: all)")
-    s.add_argument("--threshold", type=_fraction, default=0.5,
-                   help="flag a motor when its degraded score 1 - c exceeds this ...")
-    s.add_argument("--hold", type=_positive_int, default=6,
-                   help="... on this many consecutive frames (causal debounce)")
+    s.add_argument("--threshold", type=_fraction, default=None,
+                   help="flag a motor when its degraded score 1 - c exceeds this ... "
+                        "(default: conf/eval/detection.yaml, 0.5)")
+    s.add_argument("--hold", type=_positive_int, default=None,
+                   help="... on this many consecutive frames (causal debounce; default: the "
+                        "platform's in conf/eval/detection.yaml: SO-101 30, OMX 6)")
     s.add_argument("--out", default=None, help="folder for detection.json and the plots")
     s.add_argument("--train-data", default=None, help="the checkpoint's training dataset: "
                    "adds the random forest fitted on its train split, scored per frame")

@@ -26,9 +26,29 @@ from nactuator.eval.detection import DetectionResult, detect, summarise
 from nactuator.eval.episodes import EvalDataError, load_episodes
 from nactuator.eval.infer import predict_episodes
 from nactuator.models import load_model
-from nactuator.platforms import load_platform
+from nactuator.platforms import conf_dir, load_platform, read_yaml_mapping
 
-__all__ = ["baseline_frame_scores", "fault_onset", "run_detection"]
+__all__ = ["baseline_frame_scores", "default_rule", "fault_onset", "run_detection"]
+
+
+def default_rule(platform: str, path: str | os.PathLike | None = None) -> tuple[float, int]:
+    """(threshold, hold frames) of the flag rule for ``platform`` from
+    ``conf/eval/detection.yaml`` (or ``path``): ``hold_frames`` per platform, else its
+    ``default``. Errors name the file and the field."""
+    path = Path(path) if path is not None else conf_dir() / "eval" / "detection.yaml"
+    cfg = read_yaml_mapping(path, EvalDataError, "detection rule file")
+    holds = cfg.get("hold_frames")
+    if not isinstance(holds, dict) or "default" not in holds:
+        raise EvalDataError(f"{path}: hold_frames must be a mapping with a 'default' entry")
+    hold = holds.get(platform, holds["default"])
+    threshold = cfg.get("threshold")
+    if isinstance(hold, bool) or not isinstance(hold, int) or hold < 1:
+        raise EvalDataError(f"{path}: hold_frames.{platform if platform in holds else 'default'}"
+                            f" must be an integer >= 1, got {hold!r}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
+            or not 0 <= threshold <= 1:
+        raise EvalDataError(f"{path}: threshold must be a number in [0, 1], got {threshold!r}")
+    return float(threshold), int(hold)
 
 
 def baseline_frame_scores(fitted: ConditionBaselines, method: str, ep, n: int) -> np.ndarray:
@@ -87,14 +107,19 @@ def _plot(ep, score: np.ndarray, onset: int, channel: int, names: list[str], dt:
 
 
 def run_detection(ckpt: str | os.PathLike, data, split: str | None = None,
-                  threshold: float = 0.5, hold: int = 6,
+                  threshold: float | None = None, hold: int | None = None,
                   out: str | os.PathLike | None = None, train_data=None) -> str:
     """Detection figures of ``ckpt`` on the fault-onset episodes of ``data``; a report.
 
+    ``threshold`` / ``hold`` None: the platform's rule (:func:`default_rule`).
     ``train_data``: the dataset the checkpoint was trained on; the random forest is then
     fitted on its train split and scored frame by frame beside the model."""
     actuator, meta = load_model(ckpt)
     platform = load_platform(meta["platform"])
+    if threshold is None or hold is None:
+        conf_threshold, conf_hold = default_rule(platform.name)
+        threshold = conf_threshold if threshold is None else threshold
+        hold = conf_hold if hold is None else hold
     episodes = [ep for ep in load_episodes(data, platform, split)
                 if fault_onset(ep.frames["condition"]) is not None]
     if not episodes:
