@@ -202,8 +202,10 @@ def interval_rows(score_files: Sequence[Path], level: float = NOMINAL_LEVEL
     rows: list[dict[str, float | None]] = [{} for _ in folds]
     for suffix, lofo in variants:
         for row, fold, cal in zip(rows, folds, lofo, strict=True):
-            row[f"interval scale (σ), out-of-fold{suffix}"] = cal["scale"]
-            if cal["by_gate"] is not None:
+            if cal["by_gate"] is None:
+                row[f"interval scale (σ), out-of-fold{suffix}"] = cal["scale"]
+            else:
+                row[f"interval scale, gate closed (σ), out-of-fold{suffix}"] = cal["scale"]
                 row[f"interval scale, gate open (σ), out-of-fold{suffix}"] = \
                     cal["by_gate"]["contact"]
             row[f"interval coverage (%), out-of-fold{suffix}"] = (

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "GATE_CONTACT",
     "GAUSSIAN_Z90",
     "LOG_VAR_MAX",
     "LOG_VAR_MIN",
@@ -45,7 +46,6 @@ __all__ = [
     "calibration_record",
     "conformal_scale",
     "coverage_metrics",
-    "GATE_CONTACT",
     "cross_fold_coverage",
     "episode_coverage",
     "gate_scales",
