@@ -459,3 +459,21 @@ def _copy_run(src, dest):
 
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns("synth_labels"))
     return dest
+
+
+def test_bench_onset_twin_changes_nothing_before_the_onset(tmp_path, capsys):
+    world = tmp_path / "onset.yaml"
+    world.write_text("platform: omx\ntasks:\n"
+                     "  band: {kind: pick_place, seconds: 4.0, payload_g: 0, onset: 2.0, "
+                     "fault: band}\n")
+    module_main = bench_main("onset_twin")
+    module_main(["--world", str(world), "--reps", "1", "--out", str(tmp_path / "t.png")])
+    out = capsys.readouterr().out
+    (row,) = table_rows(out, "band")
+    deltas, effort_range = [number(c) for c in row[2:6]], number(row[6])
+    # the band's torque shows in the effort after the onset, less than the motion's swing
+    assert deltas[-1] > 0 and effort_range > 0 and (tmp_path / "t.png").is_file()
+    # independently: the twin world holds the same tasks with the onset at the run's end
+    twin = sys.modules["bench_onset_twin"].twin_config(
+        {"platform": "omx", "tasks": {"band": {"seconds": 4.0, "onset": 2.0}, "free": {}}})
+    assert twin["tasks"] == {"band": {"seconds": 4.0, "onset": 3.9}, "free": {}}
