@@ -331,7 +331,7 @@ def test_infer_csv_brackets_the_force_and_calibrate_sets_the_scale(tiny, head_ck
 
     cal = tmp_path / "cal.pt"
     text = calibrate(head_ckpt, tiny["data"], split="test", out=cal)
-    assert "no finite-sample guarantee" in text  # 2 test episodes
+    assert "no finite-sample guarantee: 2 episode(s) < 9 needed" in text  # 2 test episodes
     scale = load_actuator(cal)[1]["uncertainty"]["scale"]
     infer(cal, tiny["data"], split=None, out=csv, force_only=True)
     calibrated = pd.read_csv(csv)

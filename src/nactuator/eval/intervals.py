@@ -203,7 +203,8 @@ def calibrate(ckpt: str | os.PathLike, data=None, split: str = "validation",
     target = set_calibration(ckpt, record, out)
     note = ("finite-sample guarantee (conformal risk control)" if record["guarantee"] else
             f"no finite-sample guarantee: {record['episodes']} episode(s) < "
-            f"{int(np.ceil(1 / (1 - level) - 1))} needed at level {level:g}")
+            # 1 / (1 - 0.9) is 10.000000000000002 in floating point: 9 episodes, not 10
+            f"{int(np.ceil(1 / (1 - level) - 1 - 1e-9))} needed at level {level:g}")
     what = (f"scale {record['scale']:.4f} σ" if gated is None else
             f"scales {gated['free']:.4f} σ (gate closed) and {gated['contact']:.4f} σ "
             "(gate open)")
