@@ -193,6 +193,8 @@ def calibrate(ckpt: str | os.PathLike, data=None, split: str = "validation",
             fits = gate_scales([r["scores"] for r in rows], [r["gate_contact"] for r in rows],
                                level)
             gated = {"free": fits["free"]["scale"], "contact": fits["contact"]["scale"]}
+            source += (f"; gate closed in {fits['free']['episodes']}, open in "
+                       f"{fits['contact']['episodes']} of the episodes")
             if fits["fallback"] is not None:
                 state = "open" if fits["fallback"] == "contact" else "closed"
                 source += f"; no frame with the gate {state}: both scales from the other frames"
