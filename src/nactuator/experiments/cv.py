@@ -223,23 +223,36 @@ def interval_rows(score_files: Sequence[Path], level: float = NOMINAL_LEVEL
             for name, keep in (("contact", contact), ("no contact", ~contact)):
                 row[f"interval coverage (%), {name}, out-of-fold{suffix}"] = (
                     float(100 * np.mean(flat[keep] <= per[keep])) if keep.any() else None)
-    pooled = conformal_scale([s for fold in scores for s in fold], level)
-    # How far one fold's coverage moves by the draw of its episodes alone: the spread of
-    # the episodes' own coverage over √(episodes a fold), at the scale that covers the
-    # nominal level on average (the finite-sample scale covers everything at n = 9).
     everyone = [s for fold in scores for s in fold]
-    nominal = conformal_scale(everyone, level, finite_sample=False)["scale"]
-    each = 100 * episode_coverage(everyone, nominal)
+    pooled = conformal_scale(everyone, level)
     per_fold = float(np.mean([len(fold) for fold in scores]))
-    pooled["episode_sd"] = float(np.std(each, ddof=1)) if each.size > 1 else None
-    pooled["fold_sd"] = (None if pooled["episode_sd"] is None
-                         else pooled["episode_sd"] / math.sqrt(per_fold))
     pooled["episodes_per_fold"] = per_fold
+    pooled["episode_sd"] = _episode_spread(everyone, None, level)
     if have_gate:
-        fits = gate_scales([s for fold in scores for s in fold],
-                           [g for fold in gates for g in fold], level)
+        gated = [g for fold in gates for g in fold]
+        fits = gate_scales(everyone, gated, level)
         pooled["by_gate"] = {"free": fits["free"]["scale"], "contact": fits["contact"]["scale"]}
+        pooled["episode_sd_by_gate"] = _episode_spread(everyone, gated, level)
     return rows, pooled
+
+
+def _episode_spread(scores: Sequence[np.ndarray], gates: Sequence[np.ndarray] | None,
+                    level: float) -> float | None:
+    """The sd (points) of the episodes' own coverage at the scale (or gate scales) that
+    covers ``level`` on average, without the finite-sample correction (which at n = 9
+    covers every element and leaves no spread to see): how far one fold's coverage moves
+    by the draw of its episodes alone is this over √(episodes a fold). None for one episode."""
+    if len(scores) < 2:
+        return None
+    if gates is None:
+        scale = conformal_scale(scores, level, finite_sample=False)["scale"]
+        each = episode_coverage(scores, scale)
+    else:
+        fits = gate_scales(scores, gates, level, finite_sample=False)
+        by_gate = {k: fits[k]["scale"] for k in ("free", "contact")}
+        each = np.array([np.mean(np.asarray(s) <= scale_per_element(by_gate["free"], g, by_gate))
+                         for s, g in zip(scores, gates, strict=True)])
+    return float(np.std(100 * each, ddof=1))
 
 
 def summarize_folds(rows: Sequence[dict[str, float | None]]) -> dict[str, dict[str, Any]]:
@@ -424,13 +437,19 @@ def run_cv(platform: str, data: str | Sequence[str], folds: int | None = None,
                f"{pooled['by_gate']['contact']:.3f} σ open (`--scale "
                f"{pooled['by_gate']['free']:.3f} --contact-scale "
                f"{pooled['by_gate']['contact']:.3f}`)"))
-        if pooled.get("fold_sd") is not None:
+        if pooled.get("episode_sd") is not None:
+            k = pooled["episodes_per_fold"]
+            spread = [(pooled["episode_sd"], "")]
+            if pooled.get("episode_sd_by_gate") is not None:
+                spread.append((pooled["episode_sd_by_gate"], " (by gate)"))
             header.append(
                 f"  - at the scale that covers {100 * pooled['level']:g} % on average, the "
-                f"held-out episodes' own coverage varies by "
-                f"{pooled['episode_sd']:.1f} points (sd): with "
-                f"{pooled['episodes_per_fold']:.1f} episodes a fold, the draw of its episodes "
-                f"alone moves a fold's coverage by about ±{pooled['fold_sd']:.1f} points")
+                "held-out episodes' own coverage varies by "
+                + ", ".join(f"{sd:.1f} points{what}" for sd, what in spread)
+                + f" (sd): with {k:.1f} episodes a fold, the draw of its episodes alone moves "
+                "a fold's coverage by about "
+                + ", ".join(f"±{sd / math.sqrt(k):.1f}{what}" for sd, what in spread)
+                + " points")
     train_s = train_times([out / f"fold_{f}" for f in chosen])
     header.append("- training per fold (the `train` child; CPU = user + sys): "
                   + "; ".join(f"{what} {_fmt(s['mean'], 0)} ± {_fmt(s['sd'], 0)} s "

@@ -136,12 +136,13 @@ def conformal_scale(scores: Sequence[np.ndarray], level: float = NOMINAL_LEVEL,
 
 
 def gate_scales(scores: Sequence[np.ndarray], contact: Sequence[np.ndarray],
-                level: float = NOMINAL_LEVEL) -> dict[str, Any]:
+                level: float = NOMINAL_LEVEL, finite_sample: bool = True) -> dict[str, Any]:
     """:func:`conformal_scale` fitted apart on the frames each episode's gate calls contact
     and on the rest (``scores`` (T, 3) and ``contact`` (T,) bool per episode; an episode
     counts in a group when it has frames there). A group no episode has frames in gets the
     other group's scale (``fallback`` names it). Returns ``{"free": fit, "contact": fit,
-    "fallback": None | "free" | "contact"}``."""
+    "fallback": None | "free" | "contact"}``; ``finite_sample`` as in
+    :func:`conformal_scale`."""
     groups: dict[str, list[np.ndarray]] = {"free": [], "contact": []}
     for s, c in zip(scores, contact, strict=True):
         s = np.asarray(s, dtype=np.float64)
@@ -153,7 +154,8 @@ def gate_scales(scores: Sequence[np.ndarray], contact: Sequence[np.ndarray],
                 groups[name].append(s[keep])
     if not groups["free"] and not groups["contact"]:
         raise ValueError("gate_scales needs at least one calibration episode with scores")
-    fits = {name: conformal_scale(eps, level) for name, eps in groups.items() if eps}
+    fits = {name: conformal_scale(eps, level, finite_sample)
+            for name, eps in groups.items() if eps}
     fallback = None
     for name, other in (("free", "contact"), ("contact", "free")):
         if name not in fits:
