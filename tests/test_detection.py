@@ -145,3 +145,19 @@ def test_the_flag_rule_comes_from_conf_per_platform(tmp_path):
     bad.write_text("threshold: 0.5\nhold_frames: 6\n")
     with pytest.raises(EvalDataError, match="'default' entry"):
         default_rule("omx", bad)
+
+
+def test_summary_median_leaves_out_runs_flagged_before_their_onset():
+    from nactuator.eval.detection import DetectionResult, summarise
+
+    def run(delay, pre):
+        return DetectionResult(task="t", fault="band", channel=2, onset=10,
+                               delay_frames=None if delay is None else int(delay * 100),
+                               delay_s=delay, false_flag_rate=0.0, flagged_before_onset=pre,
+                               shift=[0.0, 0.0, 1.0], localised=True)
+
+    s = summarise([run(0.0, True), run(0.0, True), run(0.4, False), run(0.8, False),
+                   run(None, False)])["band@2"]
+    assert s["median_delay_s"] == pytest.approx(0.2)  # median of 0, 0, 0.4, 0.8
+    assert s["median_delay_not_preflagged_s"] == pytest.approx(0.6)  # of 0.4, 0.8
+    assert s["flagged"] == 4 and s["flagged_before_onset"] == 2

@@ -170,13 +170,16 @@ def _score_method(episodes, per_ep, method, names, dt, threshold, hold, out):
 
 def _table(method: str, summary: dict, names) -> list[str]:
     lines = [f"{method}:", f"{'fault@motor':<18}{'episodes':>9}{'flagged':>9}{'median delay':>14}"
-             f"{'worst delay':>13}{'false flags':>13}{'pre-flagged':>13}{'localised':>11}"]
+             f"{'(not pre-flagged)':>19}{'worst delay':>13}{'false flags':>13}"
+             f"{'pre-flagged':>13}{'localised':>11}"]
     for key, s in summary.items():
         fault, ch = key.split("@")
         med = "-" if s["median_delay_s"] is None else f"{s['median_delay_s']:.2f} s"
         worst = "-" if s["worst_delay_s"] is None else f"{s['worst_delay_s']:.2f} s"
+        clean = s["median_delay_not_preflagged_s"]
+        clean = "-" if clean is None else f"{clean:.2f} s"
         lines.append(f"{fault + '@' + names[int(ch)]:<18}{s['episodes']:>9}{s['flagged']:>9}"
-                     f"{med:>14}{worst:>13}{100 * s['false_flag_rate']:>12.1f}%"
+                     f"{med:>14}{clean:>19}{worst:>13}{100 * s['false_flag_rate']:>12.1f}%"
                      f"{s['flagged_before_onset']:>13}"
                      f"{s['localised']:>8}/{s['episodes']}")
     return lines
