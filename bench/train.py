@@ -6,6 +6,7 @@ arithmetic floor.
     .venv/bin/python bench/train.py                       # B in {4,16,64}, H in {64,192}
     .venv/bin/python bench/train.py --batch 16 --horizon 192 --repeats 5
     .venv/bin/python bench/train.py --quick               # tiny sizes: the smoke test
+    .venv/bin/python bench/train.py --device cuda         # on a GPU (model, batch, simulator)
 
 arm-control-steps/s = B x H / (seconds per training step). The model is the recipe's
 (`conf/train/nad_so101.yaml`: a 64-wide 2-block transformer, 85 k parameters) on SO-101.
@@ -22,9 +23,14 @@ backward on a (B, L, n_in) token batch, times H (measured in isolation, same pro
 Floor: the network's FLOPs (``FlopCounterMode``, forward + backward) at this core's
 measured matmul rate on the network's own widest layer shape, plus an H-step simulator
 rollout with gradients at the same B (``Simulator.rollout`` forward + backward, the rate
-bench/sim.py measures). A second table times the evaluation rollout (validation, ``eval``:
-eval mode, no autograd) of the same batches on both paths. One torch thread. Prints
-markdown tables.
+bench/sim.py measures). *no-overhead ceiling*: step / (simulator + model), the speed-up the
+step would get if everything but the simulator and the network cost nothing. A second table
+times the evaluation rollout (validation, ``eval``: eval mode, no autograd) of the same
+batches on both paths. One torch thread. Prints markdown tables.
+
+``--device cuda`` puts the model, the batch and the simulator (its Warp kernels) on the GPU;
+every timed region then ends with ``torch.cuda.synchronize()`` so that it counts the kernels'
+work, not their launch. Without a CUDA device it stops with that message.
 """
 
 from __future__ import annotations
@@ -54,6 +60,12 @@ MODEL = {"width": 64, "depth": 2, "model_sizes": {"head_hidden": 32, "dropout": 
 PATHS = ("stepwise", "frame-wise")
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued kernels (a no-op on the CPU), so a timer counts them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class SimClock:
     """Seconds spent in one Simulator: ``step`` (forward incl. glue) and the engine's
     backward (the adjoint launch incl. its glue)."""
@@ -62,30 +74,35 @@ class SimClock:
         self.seconds = 0.0
         step, engine = sim.step, sim._engine(1)
         backward = engine.backward
+        device = sim.device
 
         def timed_step(*a, **k):
+            synchronize(device)
             clock = time.perf_counter()
             try:
                 return step(*a, **k)
             finally:
+                synchronize(device)
                 self.seconds += time.perf_counter() - clock
 
         def timed_backward(*a, **k):
+            synchronize(device)
             clock = time.perf_counter()
             try:
                 return backward(*a, **k)
             finally:
+                synchronize(device)
                 self.seconds += time.perf_counter() - clock
 
         sim.step, engine.backward = timed_step, timed_backward
 
 
-def make_module(norm_stats: dict) -> NeuralActuatorModule:
+def make_module(norm_stats: dict, device: torch.device) -> NeuralActuatorModule:
     torch.manual_seed(0)
     module = NeuralActuatorModule(platform=PLATFORM, init_noise_q=0.002, init_noise_qd=0.02,
                                   **MODEL)
     module.build_actuator(norm_stats)
-    return module
+    return module.to(device)  # the simulator follows the module's device
 
 
 def random_batch(module_platform, batch: int, horizon: int, seed: int = 0):
@@ -123,11 +140,16 @@ def nad_batches(source: Path, tmp: Path, sizes: list[tuple[int, int]]):
     return batches, stats
 
 
-def best_of(repeats: int, run: Callable[[], object]) -> float:
+CPU = torch.device("cpu")
+
+
+def best_of(repeats: int, run: Callable[[], object], device: torch.device = CPU) -> float:
     best = float("inf")
     for _ in range(repeats):
+        synchronize(device)
         clock = time.perf_counter()
         run()
+        synchronize(device)
         best = min(best, time.perf_counter() - clock)
     return best
 
@@ -143,7 +165,7 @@ def network_cost(module: NeuralActuatorModule, batch: int, repeats: int) -> tupl
     """(seconds, FLOPs) of the network's forward + backward on one (B, L, n_in) window."""
     actuator = module.actuator
     tokens = torch.randn(batch, module.window_length, actuator.feature_builder.n_in,
-                         requires_grad=True)
+                         device=module.device, requires_grad=True)
 
     def run() -> None:
         out = actuator.forward_tokens(tokens)
@@ -152,16 +174,16 @@ def network_cost(module: NeuralActuatorModule, batch: int, repeats: int) -> tupl
     run()
     with FlopCounterMode(display=False) as counter:
         run()
-    return best_of(repeats, run), float(counter.get_total_flops())
+    return best_of(repeats, run, module.device), float(counter.get_total_flops())
 
 
 def matmul_rate(module: NeuralActuatorModule, batch: int, repeats: int) -> float:
     """FLOP/s of ``torch.mm`` on the network's widest layer at this batch: (B·L, d) @ (d, 4d)."""
     width = MODEL["width"]
-    a = torch.randn(batch * module.window_length, width)
-    b = torch.randn(width, 4 * width)
+    a = torch.randn(batch * module.window_length, width, device=module.device)
+    b = torch.randn(width, 4 * width, device=module.device)
     calls = 200
-    seconds = best_of(repeats, lambda: [torch.mm(a, b) for _ in range(calls)])
+    seconds = best_of(repeats, lambda: [torch.mm(a, b) for _ in range(calls)], module.device)
     return calls * 2 * a.shape[0] * width * 4 * width / seconds
 
 
@@ -169,7 +191,7 @@ def simulator_rollout(module: NeuralActuatorModule, batch: int, horizon: int,
                       repeats: int) -> float:
     """Seconds of an H-step simulator rollout with gradients (forward + backward), B arms."""
     sim = module.simulator
-    q0, qd0 = start_states(sim.platform, batch, seed=0)
+    q0, qd0 = (x.to(sim.device) for x in start_states(sim.platform, batch, seed=0))
     hold = sim.gravity_torque(q0).detach()[:, None, :].expand(batch, horizon, sim.n)
 
     def run() -> None:
@@ -178,7 +200,7 @@ def simulator_rollout(module: NeuralActuatorModule, batch: int, horizon: int,
         (q.sum() + qd.sum()).backward()
 
     run()
-    return best_of(repeats, run)
+    return best_of(repeats, run, sim.device)
 
 
 def measure(module, batch_data, batch: int, horizon: int, repeats: int) -> dict:
@@ -197,8 +219,10 @@ def measure(module, batch_data, batch: int, horizon: int, repeats: int) -> dict:
             training_module.closed_loop_rollout = fn
             torch.manual_seed(0)
             clock.seconds = 0.0
+            synchronize(module.device)
             start = time.perf_counter()
             training_step(module, optimizer, batch_data)
+            synchronize(module.device)
             seconds = time.perf_counter() - start
             if seconds < results[path][0]:
                 results[path] = (seconds, clock.seconds)
@@ -211,7 +235,8 @@ def measure(module, batch_data, batch: int, horizon: int, repeats: int) -> dict:
         for _ in range(repeats):
             for path, fn in zip(PATHS, (stepwise, framewise), strict=True):
                 evaluation[path] = min(evaluation[path], best_of(
-                    1, lambda fn=fn: fn(module.actuator, step, block, module.window_length)))
+                    1, lambda fn=fn: fn(module.actuator, step, block, module.window_length),
+                    module.device))
     net_s, flops = network_cost(module, batch, repeats)
     rate = matmul_rate(module, batch, repeats)
     sim_floor = simulator_rollout(module, batch, horizon, repeats)
@@ -228,7 +253,18 @@ def main() -> None:
                         help="NAD SO-101 CSV folder (default: ../shared/data/nad/so101)")
     parser.add_argument("--quick", action="store_true",
                         help="B = 2, H = 4, one repeat, random channels: a smoke test")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (default) or cuda[:i]: model, batch and simulator there")
     args = parser.parse_args()
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as e:
+        parser.error(f"--device {args.device!r}: {e}")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device {args.device!r}: cpu or cuda[:i]")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch {torch.__version__} sees no CUDA device "
+                     "(a CPU build, or no GPU on this machine)")
     if args.quick:
         args.batch, args.horizon, args.repeats = [2], [4], 1
     torch.set_num_threads(1)
@@ -246,10 +282,14 @@ def main() -> None:
             batches = {s: made[s][0] for s in sizes}
             stats = made[sizes[0]][1]
             what = "random channels (no NAD files, or --quick)"
-        module = make_module(stats)
+        module = make_module(stats, device)
+        batches = {s: {k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()}
+                   for s, b in batches.items()}
         params = sum(p.numel() for p in module.actuator.parameters())
         load = os.getloadavg()
-        print(f"torch {torch.__version__}, 1 torch thread, {os.cpu_count()} CPUs, load average "
+        where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+                 else f"{os.cpu_count()} CPUs")
+        print(f"torch {torch.__version__}, {device}, 1 torch thread, {where}, load average "
               f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; {PLATFORM}, {params:,}-parameter "
               f"transformer; batches: {what}; best of {args.repeats}, paths interleaved")
         rows = []
@@ -261,8 +301,8 @@ def main() -> None:
                   f"({old / new:.2f}x), floor {m['floor']:.3f} s", flush=True)
     print(f"\nload average after: {os.getloadavg()[0]:.1f}\n")
     print("| B | H | path | arm-steps/s | step [s] | simulator | model | overhead | "
-          "vs stepwise | floor [s] | step / floor |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "vs stepwise | floor [s] | step / floor | no-overhead ceiling |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for batch, horizon, m in rows:
         old = m["paths"]["stepwise"][0]
         for path in PATHS:
@@ -272,7 +312,8 @@ def main() -> None:
             print(f"| {batch} | {horizon} | {path} | {batch * horizon / seconds:,.0f} | "
                   f"{seconds:.4f} | {100 * sim_s / seconds:.0f} % | "
                   f"{100 * model_s / seconds:.0f} % | {100 * over / seconds:.0f} % | "
-                  f"{old / seconds:.2f}x | {m['floor']:.3f} | {seconds / m['floor']:.1f}x |")
+                  f"{old / seconds:.2f}x | {m['floor']:.3f} | {seconds / m['floor']:.1f}x | "
+                  f"{seconds / (sim_s + model_s):.2f}x |")
     print("\nEvaluation rollout of the same batches (eval mode, no autograd), arm-steps/s:\n")
     print("| B | H | stepwise | frame-wise | ratio |\n|---|---|---|---|---|")
     for batch, horizon, m in rows:
