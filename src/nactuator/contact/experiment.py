@@ -15,7 +15,17 @@ dynamics (:mod:`nactuator.sim.dynamics`) and one of these motor-torque sources:
   ``{fold}`` in PATH names a per-fold model (e.g. adapted on that fold's training twins).
 
 ``tip_only`` is today's estimate: the residual projected onto an end-effector force;
-``exact`` is the labelled contact's own joint torque (the estimator's best case). Every
+``exact`` is the labelled contact's own joint torque (the estimator's best case);
+``exact_friction`` is that torque off by a share of the servos' dry friction, as a held
+gearbox takes it (:func:`_friction_share`), judged with the true torque's thresholds: what
+a perfect motor-torque model would give. Each source's ``torque_err_nm`` (median over presses
+of the largest joint's error of the hold's mean residual against the contact's torque) and
+``within_friction`` (the share of presses whose error is within the world's dry-friction
+level on every joint) say how far the residual is from the contact's torque. A source with a
+motor torque is scored three ways: the residual as is, tared (``_tared``: minus its mean over
+the run's first second) and the momentum observer fed the same motor torque
+(``_observer_tared``: :func:`nactuator.sim.dynamics.observer_torque`, gain
+``observer_gain`` of the contact config, tared the same way), which needs no acceleration. Every
 source is scored twice: one estimate per press (the hold's mean residual at its mean
 posture) and the contact filter (:class:`~nactuator.contact.estimate.ContactFilter`) run
 causally over the press's frames (``filter_*`` keys). ``--motion sweep`` presses an arm
@@ -42,7 +52,7 @@ from nactuator.input_filters import filter_inputs
 from nactuator.models import load_model
 from nactuator.platforms import load_platform
 from nactuator.rollout import causal_outputs
-from nactuator.sim.dynamics import ArmDynamics
+from nactuator.sim.dynamics import ArmDynamics, momentum_residual, observer_terms
 from nactuator.world import World, load_world
 
 from .estimate import (
@@ -61,6 +71,9 @@ from .surface import LinkSurfaces, load_contact_config
 __all__ = ["evaluate", "model_torque", "run_world", "write_dataset"]
 
 RECORDED = ("q_cmd", "q", "qd", "effort", "voltage", "temperature", "current", "pwm")
+# The world's hidden truth per frame (never a residual source's input): the servo's delivered
+# joint torque (the oracle source) and its dry-friction level (the torque error's yardstick).
+HIDDEN = ("torque_true", "friction_true")
 
 
 def _schedule(t: np.ndarray, start: float, ramp: float, hold: float) -> np.ndarray:
@@ -140,7 +153,7 @@ def run_world(platform: str, pairs: int, seed: int, seconds: float = 5.0,
     q0 = np.concatenate([postures, postures])
     world.reset(q0)
     world.step(float(params.physics["settle_seconds"]))
-    logs = {k: np.zeros((frames, 2 * pairs, n)) for k in (*RECORDED, "torque_true")}
+    logs = {k: np.zeros((frames, 2 * pairs, n)) for k in (*RECORDED, *HIDDEN)}
     f_world = np.zeros((frames, pairs, 3))
     local = np.stack([surf.points[k][i] for k, i in zip(link, point_idx, strict=True)])
     normal_local = np.stack([surf.normals[k][i] for k, i in zip(link, point_idx, strict=True)])
@@ -151,6 +164,9 @@ def run_world(platform: str, pairs: int, seed: int, seconds: float = 5.0,
             world.set_goal(q0 + offset[k])
         tel = world.telemetry()
         tel["q_cmd"] = world.goal()  # held: the posture
+        # The gearbox's dry-friction level at this instant (Coulomb + Stribeck + load), per
+        # joint: how much torque the servo's friction can hold without the joint moving.
+        tel["friction_true"] = world.servo.friction_budget(world.qd / world.trans) / world.trans
         for key in logs:
             logs[key][k] = tel[key]
         # The push direction in the base frame, into the surface at the current pose.
@@ -251,6 +267,29 @@ def labelled_joint_torque(data: dict, surf: LinkSurfaces) -> np.ndarray:
     return out
 
 
+def _friction_share(data: dict) -> np.ndarray | None:
+    """(T, runs, n) for the source ``exact_friction``: on each press's frames, a constant
+    per run and joint drawn uniformly within +- the world's dry-friction level over the
+    press's hold (``friction_true``; seeded by the world seed); 0 elsewhere and on the twins.
+    A held servo's
+    gearbox takes an unknown share of a contact's torque up to that level without moving, so
+    a perfect motor-torque model would still see the contact's torque off by this much. None
+    for runs saved before the friction level was logged."""
+    budget = data["logs"].get("friction_true")
+    if budget is None:
+        return None
+    T, pairs = data["force"].shape[:2]
+    mag = np.linalg.norm(data["force"], axis=2)  # (T, pairs)
+    rng = np.random.default_rng([int(data["seed"]), 23])
+    out = np.zeros_like(budget)
+    for e in range(pairs):
+        on = mag[:, e] > 0
+        if on.any():
+            level = budget[mag[:, e] >= 0.999 * mag[:, e].max(), e].mean(0)  # the hold's
+            out[on, e] = rng.uniform(-1.0, 1.0, level.size) * level
+    return out
+
+
 def evaluate(data: dict, folds: int = 5, models: dict[str, str] | None = None) -> dict:
     p = load_platform(data["platform"])
     cfg = load_contact_config(p)
@@ -267,6 +306,17 @@ def evaluate(data: dict, folds: int = 5, models: dict[str, str] | None = None) -
     # A model shared by every fold runs once; a per-fold one ({fold} in its path) per fold.
     learned = {nm: model_torque(path, data) for nm, path in models.items() if "{fold}" not in path}
     press_torque = labelled_joint_torque(data, surf)  # (T, pairs, n)
+    friction_share = _friction_share(data)
+    # The momentum observer's state terms depend on the recorded states alone: once per run.
+    terms = [observer_terms(dyn, logs["q"][:, e], logs["qd"][:, e]) for e in range(envs)]
+    steps = np.full(logs["q"].shape[0], dt)
+    gain = float(cfg.get("observer_gain", 10.0))
+
+    def observed(tau_motor: np.ndarray) -> np.ndarray:
+        """(T, runs, n) the momentum observer fed ``tau_motor`` on every run."""
+        return np.stack([momentum_residual(*terms[e], tau_motor[:, e], steps, gain)
+                         for e in range(envs)], 1)
+
     fold_of = np.arange(pairs) % folds
     mag = np.linalg.norm(data["force"], axis=2)  # (T, pairs)
     q_quant, margin = float(cfg["threshold_quantile"]), float(cfg["threshold_margin"])
@@ -300,23 +350,37 @@ def evaluate(data: dict, folds: int = 5, models: dict[str, str] | None = None) -
         # exact: the labelled contact's own joint torque J_p(q)^T f at the recorded pose (no
         # torque model, no dynamics error; 0 on the twins): what the estimator can do at best.
         sources["exact"] = None
-        for (name, tau_motor), tared in [(s, t) for s in sources.items() for t in (False, True)
-                                         if not (s[0] == "exact" and t)]:
-            # ID - motor (tau_id holds ID(q, qd, qdd)); only the joints that move a contact
-            # link (the gripper's jaw joint carries none of these contacts).
+        if friction_share is not None:
+            sources["exact_friction"] = None
+        thresholds = {}
+        # Each torque source three ways: the raw residual ID - motor, tared, and the momentum
+        # observer fed the same motor torque (no acceleration; tared too). exact* only raw.
+        for (name, tau_motor), way in [(s, w) for s in sources.items()
+                                       for w in ("raw", "tared", "observer")
+                                       if not (s[0].startswith("exact") and w != "raw")]:
+            # Only the joints that move a contact link (the gripper's jaw joint carries none
+            # of these contacts).
+            joints = int(surf.last_joint.max()) + 1
             if tau_motor is None:
                 res = np.concatenate([press_torque, np.zeros_like(press_torque)], axis=1)
-                res = res[..., : int(surf.last_joint.max()) + 1]
-            else:
-                res = (tau_id - tau_motor)[..., : int(surf.last_joint.max()) + 1]
-            if tared:  # zeroed on the run's first contact-free second, as a tared F/T sensor
+                res = res[..., :joints]
+                if name == "exact_friction":
+                    res = res + friction_share[..., :joints]
+            elif way == "observer":
+                res = observed(tau_motor)[..., :joints]
+            else:  # ID - motor (tau_id holds ID(q, qd, qdd))
+                res = (tau_id - tau_motor)[..., :joints]
+            if way != "raw":  # zeroed on the run's first contact-free second, as a tared sensor
                 res = res - res[tare].mean(0, keepdims=True)
-                name = f"{name}_tared"
+                name = f"{name}_tared" if way == "tared" else f"{name}_observer_tared"
             skip = EDGE_FRAMES
             thr = calibrate_threshold(res[skip:-skip, twins_train].reshape(-1, res.shape[-1]),
                                       q_quant, margin)
+            if name == "exact_friction":  # its twins are 0: judged with the true torque's
+                thr = thresholds["oracle_tared"]
+            thresholds[name] = thr
             rows.setdefault(name, []).append(
-                _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, f))
+                _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, f, press_torque))
     summary = {}
     for name, rs in rows.items():
         keys = [k for k in rs[0] if k != "fold"]
@@ -328,9 +392,11 @@ def evaluate(data: dict, folds: int = 5, models: dict[str, str] | None = None) -
     return summary
 
 
-def _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, fold) -> dict:
+def _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, fold, press_torque) -> dict:
     dt = data["control_dt"]
     mu = float(cfg["friction"])
+    budget = data["logs"].get("friction_true")  # absent in runs saved before it was logged
+    torque_err, within = [], []
     idle = res[skip:-skip, pairs + test]
     false_alarm = float(detect(idle.reshape(-1, idle.shape[-1]), thr).mean())
     det, delays, iso, iso_tip, err_cm, err_tip_cm, ferr, ferr_tip = [], [], [], [], [], [], [], []
@@ -351,6 +417,13 @@ def _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, fold) -> dict
         tau[: res.shape[-1]] = res[hold, e].mean(0)
         j = isolate(tau[: thr.size], thr)
         est = localise(surf, q, tau, j, mu)
+        # How far this residual is from the contact's own joint torque over the hold, per
+        # joint, and whether the servos' dry friction could hold that much (then no torque
+        # model, however exact, could see it from the motor side).
+        err = np.abs(res[hold, e].mean(0) - press_torque[hold, e, : res.shape[-1]].mean(0))
+        torque_err.append(float(err.max()))
+        if budget is not None:
+            within.append(bool((err <= budget[hold, e, : res.shape[-1]].mean(0)).all()))
         k = int(data["link"][e])
         p_true, _, _ = surf.world_points(q, k, data["local"][e])
         f_true = data["force"][hold, e].mean(0)
@@ -391,6 +464,8 @@ def _score(res, thr, test, pairs, mag, data, surf, cfg, dyn, skip, fold) -> dict
             "force_err_n": float(np.median(ferr)), "tip_isolation": float(np.mean(iso_tip)),
             "tip_localisation_cm": float(np.median(err_tip_cm)),
             "tip_force_err_n": float(np.median(ferr_tip)), "events": len(det),
+            "torque_err_nm": float(np.median(torque_err)),
+            "within_friction": float(np.mean(within)) if within else float("nan"),
             "filter_isolation": float(np.mean(iso_f)),
             "filter_localisation_cm": float(np.nanmedian(err_f)),
             "filter_force_err_n": float(np.nanmedian(ferr_f)),

@@ -13,11 +13,8 @@ with friction and dead zone (method ``gmo-friction``); ``K_O`` is ``momentum_obs
 ``conf/eval/baselines.yaml`` (10 1/s: 0.1 s time constant, slow enough to average the
 quantised velocity of the SO-101, fast enough to follow a 1-2 s payload carry).
 
-Discrete form over the recorded frame steps, r(0) = 0: the measured part of the integrand
-(tau_motor - beta, known at both ends of a step) by the trapezoid rule, the residual's own
-feedback by forward Euler. Only frames up to the current one are used (causal); it is stable
-for ``K_O * dt < 2``. (Forward Euler on the measured part too lags it by one frame, which on
-a 1 Hz, 0.8 rad motion of the SO-101 leaves a residual as large as the whole C^T qd term.)
+The observer itself (discrete form, stability) is :func:`nactuator.sim.dynamics.
+observer_torque`, which the contact residual uses too (docs/contact.md).
 """
 
 from __future__ import annotations
@@ -26,30 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from nactuator.eval.baselines.calibration import TorqueCalibration
 from nactuator.eval.baselines.id_friction import FrictionModel
 from nactuator.eval.baselines.signals import EpisodeSignals
 from nactuator.eval.episodes import EvalDataError
+from nactuator.sim.dynamics import observer_torque
 
-__all__ = ["MomentumObserver", "momentum_residual"]
-
-
-def momentum_residual(p: np.ndarray, beta: np.ndarray, tau_motor: np.ndarray,
-                      step_dt: np.ndarray, gain: float) -> np.ndarray:
-    """r (T, n) from momentum p, beta = g - C^T qd, motor torque (all (T, n)) and the frame
-    steps ``step_dt`` (T,) (``step_dt[k]`` = time from frame k-1 to k)."""
-    if np.any(gain * step_dt[1:] >= 2.0):
-        raise EvalDataError(f"momentum_observer.gain = {gain} 1/s is unstable at frame steps "
-                            f"up to {step_dt[1:].max():.4f} s (needs gain * dt < 2)")
-    r = np.zeros_like(p)
-    integral = np.zeros(p.shape[1])
-    known = tau_motor - beta  # both measured at their frame: a trapezoid over each step
-    for k in range(1, len(p)):
-        integral += (0.5 * (known[k - 1] + known[k]) + r[k - 1]) * step_dt[k]
-        r[k] = gain * (p[k] - p[0] - integral)
-    return r
+__all__ = ["MomentumObserver"]
 
 
 @dataclass
@@ -74,9 +55,8 @@ class MomentumObserver:
 
     def joint_torques(self, sig: EpisodeSignals) -> np.ndarray:
         """External joint torque estimate (T, n): the observer residual."""
-        q, qd = torch.from_numpy(sig.q), torch.from_numpy(sig.qd)
-        with torch.no_grad():
-            p = self.dynamics.momentum(q, qd).numpy()
-            beta = (self.dynamics.gravity_torque(q)
-                    - self.dynamics.coriolis_transpose_qd(q, qd)).numpy()
-        return momentum_residual(p, beta, self.motor(sig), sig.step_dt, self.gain)
+        try:
+            return observer_torque(self.dynamics, sig.q, sig.qd, self.motor(sig), sig.step_dt,
+                                   self.gain)
+        except ValueError as e:  # an unstable gain for these frame steps
+            raise EvalDataError(f"momentum_observer.gain: {e}") from None
