@@ -271,14 +271,13 @@ def _friction_share(data: dict) -> np.ndarray | None:
     """(T, runs, n) for the source ``exact_friction``: on each press's frames, a constant
     per run and joint drawn uniformly within +- the world's dry-friction level over the
     press's hold (``friction_true``; seeded by the world seed); 0 elsewhere and on the twins.
-    A held servo's
-    gearbox takes an unknown share of a contact's torque up to that level without moving, so
-    a perfect motor-torque model would still see the contact's torque off by this much. None
-    for runs saved before the friction level was logged."""
+    A held servo's gearbox takes an unknown share of a contact's torque up to that level
+    without moving, so a perfect motor-torque model would still see the contact's torque off
+    by this much. None for runs saved before the friction level was logged."""
     budget = data["logs"].get("friction_true")
     if budget is None:
         return None
-    T, pairs = data["force"].shape[:2]
+    pairs = data["force"].shape[1]
     mag = np.linalg.norm(data["force"], axis=2)  # (T, pairs)
     rng = np.random.default_rng([int(data["seed"]), 23])
     out = np.zeros_like(budget)

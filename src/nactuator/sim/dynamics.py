@@ -17,9 +17,9 @@ simulator's forward kinematics (:class:`~nactuator.sim.kinematics.ChainKinematic
   skew-symmetric, which the momentum observer relies on);
 - :meth:`ArmDynamics.coriolis_transpose_qd` -- ``C^T qd = Mdot qd - C qd`` in one
   forward-mode pass, the term the momentum observer needs;
-- :class:`MomentumObserverStream` / :func:`momentum_residual` -- the generalised momentum
-  observer (De Luca & Mattone, ICRA 2005): an external joint-torque estimate without the
-  acceleration, one frame at a time (a live loop) or over a recording (the same steps).
+- :func:`momentum_residual` / :func:`observer_torque` -- the generalised momentum observer
+  (De Luca & Mattone, ICRA 2005): an external joint-torque estimate without the acceleration
+  (the classical GMO baseline and the contact experiment's observer residuals).
 
 Everything is float64 by default, batched over the first axis and differentiable. The
 parity with MuJoCo's ``mj_inverse``/``mj_fullM`` is tested in tests/test_sim_dynamics_id.py.
@@ -35,8 +35,7 @@ import torch
 from nactuator.platforms import Platform, load_platform
 from nactuator.sim.kinematics import ChainKinematics
 
-__all__ = ["ArmDynamics", "MomentumObserverStream", "momentum_residual", "observer_terms",
-           "observer_torque"]
+__all__ = ["ArmDynamics", "momentum_residual", "observer_terms", "observer_torque"]
 
 
 def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -258,61 +257,36 @@ def ee_force_from_joint_torques(dyn: ArmDynamics, q: np.ndarray, tau_ext: np.nda
     return np.einsum("tik,tk->ti", np.linalg.pinv(j.transpose(0, 2, 1)), tau)
 
 
-class MomentumObserverStream:
-    """The generalised momentum observer, one frame at a time. With ``p = M(q) qd`` and
-    ``Mdot = C + C^T`` the arm obeys ``pdot = tau_motor + C^T qd - g + tau_ext``, which needs
-    no acceleration; the residual
+def momentum_residual(p: np.ndarray, beta: np.ndarray, tau_motor: np.ndarray,
+                      step_dt: np.ndarray, gain: float) -> np.ndarray:
+    """The generalised momentum observer over a recording: r (T, n) from momentum
+    ``p = M(q) qd``, ``beta = g - C^T qd`` and the motor torque (all (T, n)), and the frame
+    steps ``step_dt`` (T,) (``step_dt[k]``: time from frame k-1 to k).
+
+    With ``Mdot = C + C^T`` the arm obeys ``pdot = tau_motor + C^T qd - g + tau_ext``, which
+    needs no acceleration; the residual
 
         r(t) = K ( p(t) - p(0) - integral_0^t (tau_motor + C^T qd - g + r) ds )
 
     follows ``rdot = K (tau_ext - r)``: a first-order low-pass of the external torque with
     time constant ``1 / K`` (``gain`` K [1/s]).
 
-    Discrete form, r(0) = 0: the measured part of the integrand (``tau_motor - beta`` with
-    ``beta = g - C^T qd``, known at both ends of a step) by the trapezoid rule, the residual's
-    own feedback by forward Euler; stable for ``K dt < 2``. (Forward Euler on the measured part
-    too lags it by one frame, which on a 1 Hz, 0.8 rad SO-101 motion leaves a residual as large
-    as the whole C^T qd term.)"""
-
-    def __init__(self, gain: float) -> None:
-        if not gain > 0:
-            raise ValueError(f"momentum observer gain must be > 0 [1/s], got {gain!r}")
-        self.gain = float(gain)
-        self.p0: np.ndarray | None = None
-        self.known: np.ndarray | None = None  # tau_motor - beta at the previous frame
-        self.integral: np.ndarray | None = None
-        self.r: np.ndarray | None = None
-
-    def update(self, p: np.ndarray, beta: np.ndarray, tau_motor: np.ndarray,
-               step_dt: float) -> np.ndarray:
-        """This frame's residual (n,) from its momentum, ``beta`` and motor torque, and the
-        time since the previous frame ``step_dt`` [s] (ignored on the first frame)."""
-        known = np.asarray(tau_motor, np.float64) - np.asarray(beta, np.float64)
-        if self.p0 is None:
-            self.p0 = np.array(p, dtype=np.float64)
-            self.integral = np.zeros_like(self.p0)
-            self.r = np.zeros_like(self.p0)
-        else:
-            if self.gain * step_dt >= 2.0:
-                raise ValueError(f"momentum observer gain {self.gain} 1/s is unstable at a "
-                                 f"frame step of {step_dt:.4f} s (needs gain * dt < 2)")
-            self.integral = self.integral + (0.5 * (self.known + known) + self.r) * step_dt
-            self.r = self.gain * (np.asarray(p, np.float64) - self.p0 - self.integral)
-        self.known = known
-        return self.r.copy()
-
-
-def momentum_residual(p: np.ndarray, beta: np.ndarray, tau_motor: np.ndarray,
-                      step_dt: np.ndarray, gain: float) -> np.ndarray:
-    """:class:`MomentumObserverStream` over a recording: r (T, n) from momentum ``p``,
-    ``beta = g - C^T qd`` and the motor torque (all (T, n)), and the frame steps ``step_dt``
-    (T,) (``step_dt[k]``: time from frame k-1 to k). Causal: row k uses frames <= k."""
-    if np.any(gain * np.asarray(step_dt)[1:] >= 2.0):
+    Discrete form, r(0) = 0: the measured part of the integrand (``tau_motor - beta``, known
+    at both ends of a step) by the trapezoid rule, the residual's own feedback by forward
+    Euler. Causal (row k uses frames <= k); stable for ``K dt < 2``. (Forward Euler on the
+    measured part too lags it by one frame, which on a 1 Hz, 0.8 rad SO-101 motion leaves a
+    residual as large as the whole C^T qd term.)"""
+    step_dt = np.asarray(step_dt, np.float64)
+    if np.any(gain * step_dt[1:] >= 2.0):
         raise ValueError(f"momentum observer gain {gain} 1/s is unstable at frame steps up to "
-                         f"{np.max(step_dt[1:]):.4f} s (needs gain * dt < 2)")
-    observer = MomentumObserverStream(gain)
-    return np.stack([observer.update(p[k], beta[k], tau_motor[k], step_dt[k])
-                     for k in range(len(p))])
+                         f"{step_dt[1:].max():.4f} s (needs gain * dt < 2)")
+    r = np.zeros_like(p, dtype=np.float64)
+    integral = np.zeros(p.shape[1])
+    known = tau_motor - beta
+    for k in range(1, len(p)):
+        integral += (0.5 * (known[k - 1] + known[k]) + r[k - 1]) * step_dt[k]
+        r[k] = gain * (p[k] - p[0] - integral)
+    return r
 
 
 def observer_terms(dyn: ArmDynamics, q: np.ndarray, qd: np.ndarray
