@@ -9,6 +9,8 @@ and every baseline must recover them.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import mujoco
 import numpy as np
 import pytest
@@ -31,9 +33,10 @@ from nactuator.eval.baselines.features import (
     window_starts,
 )
 from nactuator.eval.baselines.force_map import contact_decision
+from nactuator.eval.baselines.momentum_observer import MomentumObserver
 from nactuator.eval.episodes import EvalDataError
 from nactuator.platforms import load_platform
-from nactuator.sim.dynamics import ee_force_from_joint_torques, momentum_residual
+from nactuator.sim.dynamics import ArmDynamics, ee_force_from_joint_torques, momentum_residual
 from nactuator.sim.parity import mujoco_model
 
 PLATFORM = "so101"
@@ -271,6 +274,13 @@ def test_momentum_residual_is_a_first_order_filter_of_the_external_torque():
     assert np.allclose(r, tau_ext * (1 - (1 - gain * dt) ** k), atol=1e-12)
     with pytest.raises(ValueError, match="unstable"):
         momentum_residual(np.zeros((3, 2)), g[:3], g[:3], np.full(3, 0.05), 50.0)
+    # Through the GMO baseline the same gain is an evaluation error naming its config key.
+    dyn = ArmDynamics.for_platform(PLATFORM)
+    n = dyn.n
+    sig = SimpleNamespace(q=np.zeros((3, n)), qd=np.zeros((3, n)), step_dt=np.full(3, 0.05))
+    observer = MomentumObserver(lambda s: np.zeros((3, n)), 50.0, dyn)
+    with pytest.raises(EvalDataError, match="momentum_observer.gain.*unstable"):
+        observer.joint_torques(sig)
 
 
 def test_force_map_inverts_jacobian_transpose(platform, fitted_clean):

@@ -47,7 +47,8 @@ def test_bench_train_quick_prints_both_paths(monkeypatch, capsys):
     assert ", cpu, " in out
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device exists here")
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="checks the message a machine without CUDA gets; this one has CUDA")
 def test_bench_train_cuda_without_a_gpu_says_so(monkeypatch, capsys):
     bench = _bench()
     monkeypatch.setattr(sys, "argv", ["train.py", "--quick", "--device", "cuda"])

@@ -352,14 +352,14 @@ def evaluate(data: dict, folds: int = 5, models: dict[str, str] | None = None) -
         if friction_share is not None:
             sources["exact_friction"] = None
         thresholds = {}
+        # Only the joints that move a contact link (the gripper's jaw joint carries none of
+        # these contacts).
+        joints = int(surf.last_joint.max()) + 1
         # Each torque source three ways: the raw residual ID - motor, tared, and the momentum
         # observer fed the same motor torque (no acceleration; tared too). exact* only raw.
         for (name, tau_motor), way in [(s, w) for s in sources.items()
                                        for w in ("raw", "tared", "observer")
                                        if not (s[0].startswith("exact") and w != "raw")]:
-            # Only the joints that move a contact link (the gripper's jaw joint carries none
-            # of these contacts).
-            joints = int(surf.last_joint.max()) + 1
             if tau_motor is None:
                 res = np.concatenate([press_torque, np.zeros_like(press_torque)], axis=1)
                 res = res[..., :joints]
